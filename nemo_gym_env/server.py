@@ -30,6 +30,7 @@ get a 4xx whose ``error`` names the route and the field.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import math
@@ -236,6 +237,9 @@ def _guard_verify(verify: Any) -> Any:
             return _zero_reward(body, "invalid_reward", f"verifier returned a non-finite reward: {reward!r}")
         return result
 
+    # Resolve string annotations (``from __future__ import annotations`` in the server's
+    # module) here, where the server's globals are known, so FastAPI sees real types.
+    verify_route.__signature__ = inspect.signature(verify, eval_str=True)  # type: ignore[attr-defined]
     return verify_route
 
 

@@ -1,0 +1,1 @@
+"""Trainer adapters, imported as ``nemo_gym_env.adapters.<name>``."""

@@ -1,0 +1,80 @@
+"""Actions: what a model turn may be, and its one normalisation into Responses items."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .parser import parse_model_text
+from .types import make_response
+
+__all__ = ["ActionError", "normalize_action"]
+
+_ACTION_ITEM_TYPES = {"message", "function_call", "reasoning"}
+
+
+class ActionError(ValueError):
+    """An action the env cannot interpret; the episode is left exactly as it was."""
+
+
+def _as_plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    return value
+
+
+def normalize_action(action: Any, *, turn: int) -> list[dict[str, Any]]:
+    """Turn an action into validated Responses output item dicts with ids filled in.
+
+    Accepts raw model text, a list of items (dicts, pydantic or ``openai`` SDK objects), or a
+    whole ``Response`` (dict or object). Ids missing from items are made deterministic from
+    the turn number, so equal seeds and actions give equal observations.
+    """
+    action = _as_plain(action)
+    if isinstance(action, str):
+        return parse_model_text(action, id_prefix=f"t{turn}")
+    if isinstance(action, dict) and action.get("object") == "response" and isinstance(action.get("output"), list):
+        action = action["output"]
+    if not isinstance(action, (list, tuple)):
+        raise ActionError(
+            f"an action is raw model text, a list of Responses output items, or a Response; "
+            f"got {type(action).__name__}"
+        )
+    items: list[dict[str, Any]] = []
+    for position, raw in enumerate(action):
+        item = _as_plain(raw)
+        if not isinstance(item, dict):
+            raise ActionError(f"action item {position} is a {type(item).__name__}, not a Responses item dict")
+        item = dict(item)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind not in _ACTION_ITEM_TYPES:
+            raise ActionError(
+                f"action item {position} has type {kind!r}; a model turn holds "
+                f"{sorted(_ACTION_ITEM_TYPES)} items (tool outputs come from the environment)"
+            )
+        item["type"] = kind
+        if kind == "message":
+            item.setdefault("role", "assistant")
+            if item["role"] != "assistant":
+                raise ActionError(f"action item {position} is a {item['role']!r} message; the model speaks as 'assistant'")
+            if isinstance(item.get("content"), str):
+                item["content"] = [{"type": "output_text", "text": item["content"], "annotations": []}]
+            item.setdefault("status", "completed")
+            item.setdefault("id", f"msg_t{turn}_{position}")
+        elif kind == "function_call":
+            if isinstance(item.get("arguments"), (dict, list)):
+                item["arguments"] = json.dumps(item["arguments"], ensure_ascii=False)
+            item.setdefault("call_id", f"call_t{turn}_{position}")
+            item.setdefault("id", f"fc_t{turn}_{position}")
+        else:
+            item.setdefault("id", f"rs_t{turn}_{position}")
+        items.append(item)
+    try:
+        make_response(items)  # validates every item against the wire types
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:])
+        raise ActionError(f"invalid action item: {where}: {first['msg']}") from None
+    return items

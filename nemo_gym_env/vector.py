@@ -1,0 +1,230 @@
+"""``NemoGymVectorEnv``: thousands of episodes on one event loop and one connection pool.
+
+Example:
+    >>> import gymnasium as gym, nemo_gym_env
+    >>> envs = gym.make_vec("NemoGym/example_single_tool_call-v0", num_envs=4)
+    >>> obs, infos = envs.reset(seed=0)
+    >>> call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Lima"}}</tool_call>'
+    >>> obs, rewards, terminations, truncations, infos = envs.step([call] * 4)
+    >>> obs, rewards, terminations, truncations, infos = envs.step(["Cold."] * 4)
+    >>> rewards.tolist(), terminations.tolist()
+    ([1.0, 1.0, 1.0, 1.0], [True, True, True, True])
+    >>> envs.close()
+
+Every sub-env is an :class:`~nemo_gym_env.episode.Episode` on the process's background
+loop; a step runs all sub-envs' HTTP concurrently, bounded by ``max_in_flight``. Sub-envs
+that are about to autoreset, or have ended with autoreset disabled, take ``None`` as their
+action, so a policy only generates for live episodes. A sub-env whose server call fails or
+times out ends truncated with ``infos["error"]``; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Tuple
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from .actions import ActionError, normalize_action
+from .client import ResourcesClient, ServerError
+from .dataset import load_rows
+from .env import ServerHandle, pick_task, resolve_server
+from .episode import Episode, StepResult
+from .loop import background_loop
+from .spaces import JsonItems, ResponsesAction
+
+__all__ = ["NemoGymVectorEnv"]
+
+
+class NemoGymVectorEnv(VectorEnv):
+    """A native vector env over one resources server; arguments as :class:`~nemo_gym_env.env.NemoGymEnv`.
+
+    Args:
+        num_envs: Number of concurrent episodes.
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs`` and
+            ``final_info`` in infos) or ``DISABLED`` (reset with ``options={"reset_mask": mask}``).
+        max_in_flight: Bound on concurrent HTTP requests to the server.
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        num_envs: int = 1,
+        *,
+        base_url: str | None = None,
+        dataset: str | Path | Sequence[dict[str, Any]] | None = None,
+        config_paths: Sequence[str] | None = None,
+        max_steps: int = 16,
+        request_timeout_s: float = 60.0,
+        verify_timeout_s: float = 300.0,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        max_in_flight: int = 1024,
+        render_mode: str | None = None,
+    ):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if max_steps < 1 or max_in_flight < 1:
+            raise ValueError("max_steps and max_in_flight must be >= 1")
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
+        self.render_mode = render_mode
+        self.num_envs = num_envs
+        self.max_steps = max_steps
+        self._handle: ServerHandle | None = resolve_server(server, base_url, config_paths)
+        try:
+            if dataset is None and self._handle.default_dataset is None:
+                raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
+            self.rows = load_rows(self._handle.default_dataset if dataset is None else dataset)
+        except Exception:
+            self.close()
+            raise
+        self.client = ResourcesClient(self._handle.url, timeout_s=request_timeout_s, verify_timeout_s=verify_timeout_s,
+                                      max_in_flight=max_in_flight)
+        self.single_observation_space = JsonItems()
+        tools = self.rows[0]["responses_create_params"].get("tools") or []
+        self.single_action_space = ResponsesAction(tool_names=tuple(t.get("name", "") for t in tools
+                                                                    if isinstance(t, dict)))
+        self.observation_space = Tuple([self.single_observation_space] * num_envs)
+        self.action_space = Tuple([self.single_action_space] * num_envs)
+        self.episodes: list[Episode | None] = [None] * num_envs
+        self._rngs = [seeding.np_random()[0] for _ in range(num_envs)]
+        self._needs_reset = np.ones(num_envs, dtype=bool)
+
+    # ---- Gymnasium vector API ----------------------------------------------------------------
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+        """Reset sub-envs: all, or those in ``options["reset_mask"]``.
+
+        ``seed`` is an int (sub-env ``i`` gets ``seed + i``) or a list of per-env seeds;
+        ``options["task_indices"]`` picks each sub-env's task. A sub-env whose server cannot
+        seed a session gets ``infos["error"]`` and is reset again at its next step.
+        """
+        return background_loop().run(self._areset(seed, options))
+
+    def step(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every sub-env; ``None`` for sub-envs that are about to autoreset."""
+        return background_loop().run(self._astep(actions))
+
+    async def areset(self, *, seed: int | Sequence[int | None] | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+        """Async :meth:`reset`."""
+        return await background_loop().run_async(self._areset(seed, options))
+
+    async def astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Async :meth:`step`."""
+        return await background_loop().run_async(self._astep(actions))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Give back the shared embedded server."""
+        if self._handle is not None:
+            self._handle.release()
+
+    @property
+    def live_mask(self) -> np.ndarray:
+        """Which sub-envs expect an action at the next :meth:`step` (the rest take ``None``)."""
+        return ~self._needs_reset
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Per sub-env attribute of its episode, e.g. ``last_verify``, ``trajectory``, ``task``."""
+        return tuple(getattr(e, name, None) for e in self.episodes)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, (int, np.integer)):
+            return [int(seed) + i for i in range(self.num_envs)]
+        seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds given for num_envs={self.num_envs}")
+        return seeds
+
+    async def _start(self, i: int, task_index: int | None = None) -> tuple[list, dict]:
+        options = None if task_index is None else {"task_index": task_index}
+        index, row = pick_task(self.rows, self._rngs[i], options)
+        episode = Episode(self.client, row, index, self.max_steps)
+        self.episodes[i] = episode
+        try:
+            obs, info = await episode.start()
+        except ServerError as exc:
+            self._needs_reset[i] = True
+            return [], {"task_index": -1 if index is None else index, "error": str(exc)[:1000]}
+        self._needs_reset[i] = False
+        return obs, info
+
+    async def _areset(self, seed: Any, options: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
+        options = dict(options or {})
+        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
+        task_indices = options.pop("task_indices", None)
+        if task_indices is not None and len(task_indices) != self.num_envs:
+            raise ValueError(f"task_indices must have {self.num_envs} entries, got {len(task_indices)}")
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)}; use 'task_indices' or 'reset_mask'")
+        for i, s in enumerate(self._seeds(seed)):
+            if mask[i] and s is not None:
+                self._rngs[i] = seeding.np_random(s)[0]
+        chosen = [i for i in range(self.num_envs) if mask[i]]
+        results = await asyncio.gather(*(self._start(i, None if task_indices is None else task_indices[i])
+                                         for i in chosen))
+        observations: list[list] = [[] for _ in range(self.num_envs)]
+        infos: dict[str, Any] = {}
+        for i, (obs, info) in zip(chosen, results):
+            observations[i] = obs
+            infos = self._add_info(infos, info, i)
+        return tuple(observations), infos
+
+    async def _one_step(self, i: int, items: list[dict[str, Any]] | None) -> tuple[StepResult, dict | None]:
+        if items is None:  # an ended sub-env
+            if self.autoreset_mode == AutoresetMode.DISABLED:
+                return ([], 0.0, False, False, {}), None
+            obs, info = await self._start(i)
+            return (obs, 0.0, False, False, info), None
+        result = await self.episodes[i].play(items)
+        obs, reward, terminated, truncated, info = result
+        if (terminated or truncated) and self.autoreset_mode == AutoresetMode.SAME_STEP:
+            final = {"final_obs": obs, "final_info": info}
+            new_obs, new_info = await self._start(i)
+            return (new_obs, reward, terminated, truncated, new_info), final
+        self._needs_reset[i] = terminated or truncated
+        return result, None
+
+    async def _astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        actions = list(actions)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"{len(actions)} actions given for num_envs={self.num_envs}")
+        turns: list[list[dict[str, Any]] | None] = []
+        for i, action in enumerate(actions):  # refuse bad input before any call is made
+            if self._needs_reset[i]:
+                if action is not None and self.autoreset_mode == AutoresetMode.DISABLED:
+                    raise ValueError(f"sub-env {i} has ended: reset it with options={{'reset_mask': ...}} "
+                                     "or pass None as its action")
+                turns.append(None)
+            elif action is None:
+                raise ValueError(f"sub-env {i} is live and needs an action; None is only for ended sub-envs")
+            else:
+                try:
+                    turns.append(normalize_action(action, turn=self.episodes[i].turn))
+                except ActionError as exc:
+                    raise ActionError(f"sub-env {i}: {exc}") from None
+        results = await asyncio.gather(*(self._one_step(i, t) for i, t in enumerate(turns)))
+        observations = []
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminations = np.zeros(self.num_envs, dtype=bool)
+        truncations = np.zeros(self.num_envs, dtype=bool)
+        infos: dict[str, Any] = {}
+        for i, ((obs, reward, terminated, truncated, info), final) in enumerate(results):
+            observations.append(obs)
+            rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
+            if final is not None:
+                infos = self._add_info(infos, final, i)
+            infos = self._add_info(infos, info, i)
+        return tuple(observations), rewards, terminations, truncations, infos

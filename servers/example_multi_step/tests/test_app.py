@@ -1,0 +1,301 @@
+"""In-process tests of the ``example_multi_step`` server and its scripted player."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from nemo_gym_env.types import make_response
+
+NAME = "example_multi_step"
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _load(module: str) -> Any:
+    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
+    try:
+        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("nemo_gym_env.servers"):
+            raise
+    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+app_module = _load("app")
+scripted = _load("scripted")
+Server = app_module.ExampleMultiStepResourcesServer
+
+ROWS = [
+    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
+]
+JSON = {"content-type": "application/json"}
+GROUND_TRUTH = (
+    "id",
+    "expected_synonyms",
+    "expected_synonym_values",
+    "minefield_label",
+    "minefield_label_value",
+)
+
+
+@pytest.fixture
+def client():
+    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+        yield c
+
+
+def call(name: str, arguments: Any, call_id: str = "call_1") -> dict[str, Any]:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "id": f"fc_{call_id}",
+    }
+
+
+def extract(values: Any, call_id: str = "call_x") -> dict[str, Any]:
+    return call("extract_synonym_values", {"synonym_values": values}, call_id)
+
+
+def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
+    response = make_response(output, tools=row["responses_create_params"]["tools"])
+    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
+    """Seed, play the scripted player to the end against the tool routes, verify."""
+    assert client.post("/seed_session", json=row).status_code == 200
+    history: list[dict[str, Any]] = []
+    output: list[dict[str, Any]] = []
+    for _ in range(max_turns):
+        items = scripted.scripted_action(row, history, correct=correct)
+        output.extend(items)
+        calls = [item for item in items if item["type"] == "function_call"]
+        if not calls:
+            break
+        for item in calls:
+            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
+            assert reply.status_code == 200, reply.text
+            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
+            history.append(result)
+            output.append(result)
+    else:
+        pytest.fail("the scripted player did not finish")
+    return verify(client, row, output)
+
+
+# ---- tools and routes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("synonym", "value"), [("Wee", 87 + 101 + 101), ("Well-off", sum(map(ord, "Well-off"))), ("", 0)]
+)
+def test_get_synonym_value(client: TestClient, synonym: str, value: int) -> None:
+    reply = client.post("/get_synonym_value", json={"synonym": synonym})
+    assert reply.status_code == 200
+    assert reply.json() == {"synonym_value": value}
+
+
+def test_extract_synonym_values(client: TestClient) -> None:
+    reply = client.post("/extract_synonym_values", json={"synonym_values": [3, 1, 2]})
+    assert reply.status_code == 200
+    assert reply.json() == {"success": True}
+    assert client.post("/extract_synonym_values", json={"synonym_values": []}).json() == {"success": True}
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/get_synonym_value", {"synonym": 12}),
+        ("/get_synonym_value", {}),
+        ("/get_synonym_value", ["Wee"]),
+        ("/extract_synonym_values", {"synonym_values": "1, 2"}),
+        ("/extract_synonym_values", {"synonym_values": ["1", "2"]}),
+        ("/extract_synonym_values", {"synonym_values": [1.5]}),
+        ("/extract_synonym_values", {"synonym_values": [True]}),
+        ("/extract_synonym_values", {}),
+    ],
+)
+def test_wrong_types_are_422_naming_the_route(client: TestClient, route: str, body: Any) -> None:
+    reply = client.post(route, json=body)
+    assert reply.status_code == 422
+    assert route in reply.json()["error"]
+
+
+def test_unknown_tool_is_404(client: TestClient) -> None:
+    assert client.post("/get_antonym_value", json={"synonym": "Wee"}).status_code == 404
+
+
+@pytest.mark.parametrize("route", ["/get_synonym_value", "/extract_synonym_values"])
+def test_non_json_body_is_4xx(client: TestClient, route: str) -> None:
+    reply = client.post(route, content=b"synonym=Wee", headers=JSON)
+    assert 400 <= reply.status_code < 500
+    assert route in reply.json()["error"]
+
+
+# ---- verify -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
+    row = ROWS[index]
+    result = play(client, row, correct=True)
+    assert result["reward"] == 1.0
+    assert result["accuracy"] is True
+    assert result["parsed_synonym_values"] == row["expected_synonym_values"]
+    assert result["set_overlap"] == 1.0
+    assert result["original_term_minefield_hit"] is False
+    assert result["order_instruction_following_failure"] is False
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
+    result = play(client, ROWS[index], correct=False)
+    assert result["reward"] == 0.0
+    assert result["accuracy"] is False
+
+
+def test_last_extract_call_is_the_answer(client: TestClient) -> None:
+    row = ROWS[0]
+    expected = row["expected_synonym_values"]
+    assert verify(client, row, [extract([1, 2], "c1"), extract(expected, "c2")])["reward"] == 1.0
+    result = verify(client, row, [extract(expected, "c1"), extract([1, 2], "c2")])
+    assert result["reward"] == 0.0 and result["parsed_synonym_values"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        call("extract_synonym_values", "{not json"),
+        call("extract_synonym_values", {"values": [1]}),
+        call("extract_synonym_values", [1, 2]),
+        call("extract_synonym_values", {"synonym_values": "801"}),
+        call("extract_synonym_values", {"synonym_values": [True, False]}),
+        call("get_synonym_value", {"synonym": "Famished"}),
+    ],
+)
+def test_malformed_or_missing_answer_is_empty(client: TestClient, item: dict[str, Any]) -> None:
+    result = verify(client, ROWS[0], [item])
+    assert result["reward"] == 0.0
+    assert result["parsed_synonym_values"] == []
+    assert result["set_overlap"] == 0.0
+    assert "failure_reason" not in result
+
+
+def test_no_calls_at_all(client: TestClient) -> None:
+    result = verify(client, ROWS[1], [])
+    assert (result["reward"], result["parsed_synonym_values"], result["accuracy"]) == (0.0, [], False)
+
+
+def test_metrics_order_overlap_and_minefield(client: TestClient) -> None:
+    row = ROWS[0]
+    expected = row["expected_synonym_values"]
+    swapped = verify(client, row, [extract(list(reversed(expected)))])
+    assert swapped["reward"] == 0.0 and swapped["set_overlap"] == 1.0
+    assert swapped["order_instruction_following_failure"] is True
+    assert swapped["original_term_minefield_hit"] is False
+
+    partial = verify(client, row, [extract(expected[:1] + [row["minefield_label_value"]])])
+    assert partial["set_overlap"] == pytest.approx(1 / len(expected))
+    assert partial["original_term_minefield_hit"] is True
+    assert partial["order_instruction_following_failure"] is False
+
+
+def test_verify_echoes_ground_truth(client: TestClient) -> None:
+    row = ROWS[2]
+    result = verify(client, row, [extract(row["expected_synonym_values"])])
+    for key in GROUND_TRUTH:
+        assert result[key] == row[key]
+    assert (
+        result["responses_create_params"]["input"][1]["content"]
+        == row["responses_create_params"]["input"][1]["content"]
+    )
+
+
+def test_verify_without_ground_truth_is_422(client: TestClient) -> None:
+    row = {k: v for k, v in ROWS[0].items() if k != "expected_synonym_values"}
+    response = make_response([extract([1])]).model_dump(mode="json")
+    reply = client.post("/verify", json={**row, "response": response})
+    assert reply.status_code == 422
+    assert "expected_synonym_values" in reply.json()["error"]
+
+
+def test_verify_of_a_row_that_already_has_metrics(client: TestClient) -> None:
+    row = {**ROWS[3], "reward": 0.0, "accuracy": False, "parsed_synonym_values": [9]}
+    result = verify(client, row, [extract(ROWS[3]["expected_synonym_values"])])
+    assert result["reward"] == 1.0 and result["accuracy"] is True
+
+
+# ---- data, config, scripted player ------------------------------------------------------
+
+
+def test_example_rows_are_valid() -> None:
+    assert len(ROWS) == 5
+    assert [row["id"] for row in ROWS] == list(range(5))
+    for row in ROWS:
+        app_module.ExampleMultiStepRunRequest.model_validate(row)
+        assert row["expected_synonym_values"] == [
+            app_module.synonym_value(s) for s in row["expected_synonyms"]
+        ]
+        assert row["minefield_label_value"] == app_module.synonym_value(row["minefield_label"])
+        system = row["responses_create_params"]["input"][0]["content"]
+        glossary = [
+            line for line in system.splitlines() if line.startswith(f"- '{row['minefield_label']}' -> ")
+        ]
+        assert [line.split(" -> ")[1].strip("'") for line in glossary] == row["expected_synonyms"]
+        # Distinct values, so a wrong order is always wrong.
+        assert len(set(row["expected_synonym_values"])) == len(row["expected_synonym_values"])
+        tools = {tool["name"]: tool for tool in row["responses_create_params"]["tools"]}
+        assert set(tools) == {"get_synonym_value", "extract_synonym_values"}
+        for tool in tools.values():
+            assert tool["type"] == "function" and tool["strict"] is True
+            assert tool["parameters"]["additionalProperties"] is False
+            assert set(tool["parameters"]["required"]) == set(tool["parameters"]["properties"])
+
+
+def test_config_names_the_instance() -> None:
+    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
+    server = config[NAME]["resources_servers"][NAME]
+    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    assert server["verified"] is False and server["domain"] and server["description"]
+
+
+def test_scripted_player_turns() -> None:
+    row = ROWS[0]
+    first = scripted.scripted_action(row, [])
+    assert [item["name"] for item in first] == ["get_synonym_value"] * len(row["expected_synonyms"])
+    assert first == scripted.scripted_action(row, [])
+    assert [item["call_id"] for item in first] == [f"call_t0_{i}" for i in range(len(first))]
+
+
+@pytest.mark.parametrize("values", [[1, 2, 3], [5], [], [4, 4]])
+def test_scripted_wrong_values_differ(values: list[int]) -> None:
+    assert scripted.wrong_values(values) != values
+
+
+def test_scripted_doctest() -> None:
+    assert doctest.testmod(scripted).failed == 0
+
+
+def test_app_module_runs_as_a_script() -> None:
+    source = (HERE / "app.py").read_text()
+    assert 'if __name__ == "__main__":\n    ExampleMultiStepResourcesServer.run_webserver()' in source
+    assert "from nemo_gym_env." in source and "from ." not in source

@@ -1,0 +1,326 @@
+"""In-process tests of the ``example_session_state_mgmt`` server and its scripted player."""
+
+from __future__ import annotations
+
+import base64
+import doctest
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import itsdangerous
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from nemo_gym_env.types import make_response
+
+NAME = "example_session_state_mgmt"
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _load(module: str) -> Any:
+    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
+    try:
+        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("nemo_gym_env.servers"):
+            raise
+    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+app_module = _load("app")
+scripted = _load("scripted")
+Server = app_module.StatefulCounterResourcesServer
+
+ROWS = [
+    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
+]
+JSON = {"content-type": "application/json"}
+ROW = ROWS[0]
+
+
+@pytest.fixture
+def server():
+    return Server.from_config({}, name=NAME)
+
+
+@pytest.fixture
+def app(server):
+    return server.build_app()
+
+
+@pytest.fixture
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+def message(text: str = "Done.") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_1",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def verify(
+    client: TestClient, row: dict[str, Any], output: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    response = make_response(output or [message()], tools=row["responses_create_params"]["tools"])
+    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
+    """Seed, play the scripted player to the end against the tool routes, verify."""
+    assert client.post("/seed_session", json=row).status_code == 200
+    history: list[dict[str, Any]] = []
+    output: list[dict[str, Any]] = []
+    for _ in range(max_turns):
+        items = scripted.scripted_action(row, history, correct=correct)
+        output.extend(items)
+        calls = [item for item in items if item["type"] == "function_call"]
+        if not calls:
+            break
+        for item in calls:
+            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
+            assert reply.status_code == 200, reply.text
+            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
+            history.append(result)
+            output.append(result)
+    else:
+        pytest.fail("the scripted player did not finish")
+    return verify(client, row, output)
+
+
+def count(client: TestClient) -> int:
+    reply = client.post("/get_counter_value", json={})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["count"]
+
+
+# ---- tools and routes -------------------------------------------------------------------
+
+
+def test_seed_then_tools(client: TestClient) -> None:
+    assert client.post("/seed_session", json=ROW).json() == {}
+    assert count(client) == ROW["initial_count"]
+    assert client.post("/increment_counter", json={"count": 4}).json() == {"success": True}
+    assert client.post("/increment_counter", json={"count": -1}).json() == {"success": True}
+    assert count(client) == ROW["initial_count"] + 3
+
+
+def test_get_counter_value_accepts_an_empty_object_or_no_body(client: TestClient) -> None:
+    client.post("/seed_session", json=ROW)
+    assert client.post("/get_counter_value", json={}).json() == {"count": ROW["initial_count"]}
+    assert client.post("/get_counter_value", content=b"{}", headers=JSON).json() == {
+        "count": ROW["initial_count"]
+    }
+    assert client.post("/get_counter_value").json() == {"count": ROW["initial_count"]}
+
+
+def test_tools_without_seed_start_at_zero(server, client: TestClient) -> None:
+    assert count(client) == 0
+    assert len(server.sessions) == 0  # reading stores nothing
+    client.post("/increment_counter", json={"count": 2})
+    assert count(client) == 2
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/increment_counter", {"count": "three"}),
+        ("/increment_counter", {"count": 1.5}),
+        ("/increment_counter", {"count": None}),
+        ("/increment_counter", {}),
+        ("/increment_counter", [1]),
+        ("/get_counter_value", [1]),
+        ("/seed_session", {"initial_count": "many"}),
+    ],
+)
+def test_wrong_types_are_422_naming_the_route(client: TestClient, route: str, body: Any) -> None:
+    reply = client.post(route, json=body)
+    assert reply.status_code == 422
+    assert route in reply.json()["error"]
+
+
+def test_unknown_tool_is_404(client: TestClient) -> None:
+    assert client.post("/reset_counter", json={}).status_code == 404
+
+
+@pytest.mark.parametrize("route", ["/increment_counter", "/get_counter_value", "/seed_session"])
+def test_non_json_body_is_4xx(client: TestClient, route: str) -> None:
+    reply = client.post(route, content=b"count=3", headers=JSON)
+    assert 400 <= reply.status_code < 500
+    assert route in reply.json()["error"]
+
+
+# ---- verify -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
+    result = play(client, ROWS[index], correct=True)
+    assert result["reward"] == 1.0
+    assert "failure_reason" not in result
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
+    result = play(client, ROWS[index], correct=False)
+    assert result["reward"] == 0.0
+    assert "failure_reason" not in result
+
+
+def test_scripted_final_message_reports_the_count(client: TestClient) -> None:
+    result = play(client, ROWS[2], correct=True)
+    assert (
+        result["response"]["output"][-1]["content"][0]["text"]
+        == f"The counter now reads {ROWS[2]['expected_count']}."
+    )
+
+
+def test_verify_without_cookie_gets_0_with_reason(app) -> None:
+    with TestClient(app) as seeded, TestClient(app) as stranger:
+        seeded.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
+        result = verify(stranger, ROW)
+        assert result["reward"] == 0.0
+        assert result["failure_reason"] == app_module.NO_SESSION_REASON
+        assert verify(seeded, ROW)["reward"] == 1.0
+
+
+def test_two_clients_do_not_share_counters(app) -> None:
+    with TestClient(app) as a, TestClient(app) as b:
+        a.post("/seed_session", json={**ROW, "initial_count": 10})
+        b.post("/seed_session", json={**ROW, "initial_count": 100})
+        a.post("/increment_counter", json={"count": 1})
+        b.post("/increment_counter", json={"count": 5})
+        assert (count(a), count(b)) == (11, 105)
+        assert verify(a, {**ROW, "expected_count": 11})["reward"] == 1.0
+        assert verify(b, {**ROW, "expected_count": 105})["reward"] == 1.0
+
+
+def _forge(session_id: str, secret: str) -> str:
+    """A Starlette session cookie for ``session_id`` signed with ``secret``."""
+    payload = base64.b64encode(json.dumps({"session_id": session_id}).encode())
+    return itsdangerous.TimestampSigner(secret).sign(payload).decode()
+
+
+@pytest.mark.parametrize("secret", ["StatefulCounterResourcesServer", "guessed-secret", ""])
+def test_forged_cookie_reaches_no_state(server, app, secret: str) -> None:
+    cookie_name = server.session_cookie_name()
+    with TestClient(app) as victim, TestClient(app) as attacker:
+        victim.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
+        [victim_id] = list(server.sessions)
+        attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
+        assert count(attacker) == 0  # a fresh session, not the victim's counter
+        attacker.cookies.clear()
+        attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
+        attacker.post("/increment_counter", json={"count": 1000})
+        attacker.cookies.clear()
+        attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
+        result = verify(attacker, ROW)
+        assert result["reward"] == 0.0
+        assert result["failure_reason"] == app_module.NO_SESSION_REASON
+        assert victim_id in server.sessions
+        assert verify(victim, ROW)["reward"] == 1.0
+
+
+def test_tampered_cookie_reaches_no_state(server, app) -> None:
+    cookie_name = server.session_cookie_name()
+    with TestClient(app) as victim, TestClient(app) as attacker:
+        victim.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
+        genuine = victim.cookies.get(cookie_name)
+        assert genuine
+        attacker.cookies.clear()
+        attacker.cookies.set(cookie_name, genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB"))
+        result = verify(attacker, ROW)
+        assert result["failure_reason"] == app_module.NO_SESSION_REASON
+        assert verify(victim, ROW)["reward"] == 1.0
+
+
+def test_state_is_freed_after_verify(server, client: TestClient) -> None:
+    client.post("/seed_session", json=ROW)
+    assert len(server.sessions) == 1
+    verify(client, ROW)
+    assert len(server.sessions) == 0
+    again = verify(client, ROW)
+    assert again["reward"] == 0.0 and again["failure_reason"] == app_module.NO_SESSION_REASON
+
+
+def test_seeding_again_restarts_the_counter(client: TestClient) -> None:
+    client.post("/seed_session", json={**ROW, "initial_count": 3})
+    client.post("/increment_counter", json={"count": 4})
+    client.post("/seed_session", json={**ROW, "initial_count": 50})
+    assert count(client) == 50
+
+
+def test_verify_echoes_ground_truth(client: TestClient) -> None:
+    row = ROWS[3]
+    client.post("/seed_session", json=row)
+    result = verify(client, {**row, "note": "kept"})
+    assert result["initial_count"] == row["initial_count"]
+    assert result["expected_count"] == row["expected_count"]
+    assert result["note"] == "kept"
+    assert (
+        result["responses_create_params"]["input"][0]["content"]
+        == row["responses_create_params"]["input"][0]["content"]
+    )
+
+
+# ---- data, config, scripted player ------------------------------------------------------
+
+
+def test_example_rows_are_valid() -> None:
+    assert len(ROWS) == 5
+    for row in ROWS:
+        app_module.StatefulCounterSeedSessionRequest.model_validate(row)
+        assert isinstance(row["expected_count"], int)
+        assert sum(scripted.increments(row)) == row["expected_count"] - row["initial_count"]
+        tools = {tool["name"]: tool for tool in row["responses_create_params"]["tools"]}
+        assert set(tools) == {"increment_counter", "get_counter_value"}
+        for tool in tools.values():
+            assert tool["type"] == "function" and tool["strict"] is True
+            assert tool["parameters"]["additionalProperties"] is False
+            assert set(tool["parameters"]["required"]) == set(tool["parameters"]["properties"])
+
+
+def test_config_names_the_instance() -> None:
+    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
+    server = config[NAME]["resources_servers"][NAME]
+    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    assert server["verified"] is False and server["domain"] and server["description"]
+
+
+def test_scripted_increments_follow_the_prompt() -> None:
+    assert scripted.increments(ROWS[2]) == [3, 3, 7]
+    assert scripted.increments(ROWS[2], correct=False) == [3, 3, 8]
+    odd = {**ROWS[0], "expected_count": ROWS[0]["initial_count"] + 1}
+    assert scripted.increments(odd) == [1]
+
+
+def test_scripted_player_is_deterministic() -> None:
+    first = scripted.scripted_action(ROWS[0], [])
+    assert first == scripted.scripted_action(ROWS[0], [])
+    assert [item["call_id"] for item in first] == [f"call_t0_{i}" for i in range(len(first))]
+
+
+def test_scripted_doctest() -> None:
+    assert doctest.testmod(scripted).failed == 0
+
+
+def test_app_module_runs_as_a_script() -> None:
+    source = (HERE / "app.py").read_text()
+    assert 'if __name__ == "__main__":\n    StatefulCounterResourcesServer.run_webserver()' in source
+    assert "from nemo_gym_env." in source and "from ." not in source

@@ -1,0 +1,235 @@
+"""In-process tests of the ``example_single_tool_call`` server and its scripted player."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from nemo_gym_env.types import BaseRunRequest, make_response
+
+NAME = "example_single_tool_call"
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _load(module: str) -> Any:
+    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
+    try:
+        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("nemo_gym_env.servers"):
+            raise
+    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+app_module = _load("app")
+scripted = _load("scripted")
+Server = app_module.SimpleWeatherResourcesServer
+
+ROWS = [
+    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
+]
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+def client():
+    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+        yield c
+
+
+def call(name: str, arguments: Any, call_id: str = "call_1") -> dict[str, Any]:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "id": f"fc_{call_id}",
+    }
+
+
+def message(text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_1",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
+    response = make_response(output, tools=row["responses_create_params"]["tools"])
+    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
+    """Seed, play the scripted player to the end against the tool routes, verify."""
+    assert client.post("/seed_session", json=row).status_code == 200
+    history: list[dict[str, Any]] = []
+    output: list[dict[str, Any]] = []
+    for _ in range(max_turns):
+        items = scripted.scripted_action(row, history, correct=correct)
+        output.extend(items)
+        calls = [item for item in items if item["type"] == "function_call"]
+        if not calls:
+            break
+        for item in calls:
+            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
+            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
+            history.append(result)
+            output.append(result)
+    else:
+        pytest.fail("the scripted player did not finish")
+    return verify(client, row, output)
+
+
+# ---- tools and routes -------------------------------------------------------------------
+
+
+def test_get_weather(client: TestClient) -> None:
+    reply = client.post("/get_weather", json={"city": "Quito"})
+    assert reply.status_code == 200
+    assert reply.json() == {"city": "Quito", "weather_description": "The weather in Quito is cold."}
+
+
+def test_liveness(client: TestClient) -> None:
+    assert client.get("/").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body", [{"city": 7}, {"city": None}, {}, {"town": "Quito"}, [1, 2]])
+def test_wrong_types_are_422_naming_the_route(client: TestClient, body: Any) -> None:
+    reply = client.post("/get_weather", json=body)
+    assert reply.status_code == 422
+    assert "/get_weather" in reply.json()["error"]
+
+
+def test_unknown_tool_is_404(client: TestClient) -> None:
+    assert client.post("/get_forecast", json={"city": "Quito"}).status_code == 404
+
+
+def test_non_json_body_is_4xx(client: TestClient) -> None:
+    reply = client.post("/get_weather", content=b"city=Quito", headers=JSON)
+    assert 400 <= reply.status_code < 500
+    assert "/get_weather" in reply.json()["error"]
+
+
+# ---- verify -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
+    result = play(client, ROWS[index], correct=True)
+    assert result["reward"] == 1.0
+    assert result["num_tool_calls"] == 1
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
+    result = play(client, ROWS[index], correct=False)
+    assert result["reward"] == 0.0
+    assert result["num_tool_calls"] == 0
+
+
+@pytest.mark.parametrize(
+    ("output", "reward", "num_tool_calls"),
+    [
+        ([], 0.0, 0),
+        ([message("It is probably cold.")], 0.0, 0),
+        ([call("get_weather", "{not json")], 0.0, 1),
+        ([call("get_weather", {"city": ""})], 0.0, 1),
+        ([call("get_weather", {"city": "   "})], 0.0, 1),
+        ([call("get_weather", {"city": 3})], 0.0, 1),
+        ([call("get_weather", ["Quito"])], 0.0, 1),
+        ([call("get_time", {"city": "Quito"})], 0.0, 1),
+        ([call("get_time", {"city": "Quito"}), call("get_weather", {"city": "Quito"}, "call_2")], 1.0, 2),
+        ([call("get_weather", {"city": "Quito"}), message("Cold in Quito.")], 1.0, 1),
+    ],
+)
+def test_verify_rule(client: TestClient, output: list, reward: float, num_tool_calls: int) -> None:
+    result = verify(client, ROWS[0], output)
+    assert result["reward"] == reward
+    assert result["num_tool_calls"] == num_tool_calls
+    assert "failure_reason" not in result
+
+
+def test_verify_echoes_the_row(client: TestClient) -> None:
+    row = {**ROWS[1], "extra_ground_truth": {"note": "kept"}}
+    result = verify(client, row, [call("get_weather", {"city": "Lisbon"})])
+    assert result["extra_ground_truth"] == {"note": "kept"}
+    assert (
+        result["responses_create_params"]["input"][1]["content"]
+        == row["responses_create_params"]["input"][1]["content"]
+    )
+    assert result["response"]["output"][0]["name"] == "get_weather"
+
+
+def test_verify_of_a_row_that_already_has_a_reward(client: TestClient) -> None:
+    result = verify(
+        client, {**ROWS[0], "reward": 0.5, "num_tool_calls": 9}, [call("get_weather", {"city": "X"})]
+    )
+    assert (result["reward"], result["num_tool_calls"]) == (1.0, 1)
+
+
+def test_bad_verify_body_is_422(client: TestClient) -> None:
+    reply = client.post("/verify", json=ROWS[0])
+    assert reply.status_code == 422
+    assert "/verify" in reply.json()["error"]
+
+
+# ---- data, config, scripted player ------------------------------------------------------
+
+
+def test_example_rows_are_valid() -> None:
+    assert len(ROWS) == 5
+    for row in ROWS:
+        BaseRunRequest.model_validate(row)
+        [tool] = row["responses_create_params"]["tools"]
+        assert tool["type"] == "function" and tool["name"] == "get_weather" and tool["strict"] is True
+        params = tool["parameters"]
+        assert params["additionalProperties"] is False
+        assert set(params["required"]) == set(params["properties"]) == {"city"}
+
+
+def test_config_names_the_instance() -> None:
+    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
+    server = config[NAME]["resources_servers"][NAME]
+    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    assert server["verified"] is False and server["domain"] and server["description"]
+
+
+def test_scripted_player_reads_the_city() -> None:
+    cities = [scripted.city_of(row) for row in ROWS]
+    assert cities == ["Winnipeg", "Lisbon", "Nairobi", "Buenos Aires", "Hamburg"]
+
+
+def test_scripted_player_is_deterministic() -> None:
+    first = scripted.scripted_action(ROWS[0], [])
+    assert first == scripted.scripted_action(ROWS[0], [])
+    assert first[0]["call_id"] == "call_t0_0"
+
+
+def test_scripted_doctest() -> None:
+    assert doctest.testmod(scripted).failed == 0
+
+
+def test_app_module_runs_as_a_script() -> None:
+    source = (HERE / "app.py").read_text()
+    assert 'if __name__ == "__main__":\n    SimpleWeatherResourcesServer.run_webserver()' in source
+    assert "from nemo_gym_env." in source and "from ." not in source

@@ -1,0 +1,24 @@
+"""Launcher test server that never becomes ready (start-up hangs, as when loading a huge model)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+
+from nemo_gym_env.server import SimpleResourcesServer
+from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
+
+
+class HangServer(SimpleResourcesServer):
+    def setup_webserver(self) -> FastAPI:
+        print("launch fixture: loading forever", flush=True)
+        time.sleep(3600)
+        return super().setup_webserver()
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        return BaseVerifyResponse(**body.model_dump(), reward=0.0)
+
+
+if __name__ == "__main__":
+    HangServer.run_webserver()
