@@ -21,7 +21,7 @@ class ActionError(ValueError):
 
 def _as_plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
+        return value.model_dump(mode="json", exclude_none=True, by_alias=True)
     return value
 
 

@@ -97,7 +97,7 @@ class Episode:
         return await self.client.call_tool(name, arguments, self.cookies, task_index=self.task_index)
 
     async def _verify(self, info: dict[str, Any]) -> float:
-        body = {**self.task, "response": self.response.model_dump(mode="json", exclude_none=True)}
+        body = {**self.task, "response": self.response.model_dump(mode="json", exclude_none=True, by_alias=True)}
         reply = await self.client.verify(body, self.cookies, task_index=self.task_index)
         self.last_verify = reply
         reward = float(reply["reward"])

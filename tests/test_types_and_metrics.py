@@ -1,0 +1,103 @@
+"""Wire types and aggregate metrics: pure functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from nemo_gym_env.dataset import DatasetError, check_row, input_items, iter_rows, load_rows
+from nemo_gym_env.metrics import aggregate_metrics, pass_at_k
+from nemo_gym_env.types import (
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    FunctionCall,
+    FunctionCallForTraining,
+    FunctionCallOutput,
+    InputMessage,
+    OutputMessage,
+    ReasoningItem,
+    make_response,
+)
+
+ITEMS = [
+    {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]},
+    {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "{}"},
+    {"type": "message", "id": "m1", "role": "assistant", "status": "completed",
+     "content": [{"type": "output_text", "text": "hi", "annotations": []}]},
+]
+
+
+def test_response_output_items_get_their_types():
+    response = make_response(ITEMS)
+    assert [type(i) for i in response.output] == [ReasoningItem, FunctionCall, FunctionCallOutput, OutputMessage]
+    again = make_response(response.model_dump(mode="json", by_alias=True)["output"])
+    assert again.output == response.output
+
+
+def test_training_token_fields_select_the_training_variant():
+    item = {**ITEMS[1], "prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]}
+    parsed = make_response([item]).output[0]
+    assert isinstance(parsed, FunctionCallForTraining) and parsed.generation_token_ids == [3]
+
+
+def test_run_request_keeps_ground_truth_and_rejects_unknown_create_params():
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "q"}]}, "expected_answer": "4"}
+    request = BaseRunRequest.model_validate(row)
+    assert isinstance(request.responses_create_params.input[0], InputMessage)
+    assert request.model_dump()["expected_answer"] == "4"
+    with pytest.raises(ValidationError, match="temprature"):
+        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "temprature": 1}})
+
+
+def test_verify_response_echoes_the_request():
+    request = BaseVerifyRequest.model_validate({"responses_create_params": {"input": "q"}, "response":
+                                                make_response(ITEMS).model_dump(), "gt": 1})
+    reply = BaseVerifyResponse(**request.model_dump(), reward=1.0)
+    dumped = reply.model_dump(mode="json")
+    assert dumped["gt"] == 1 and dumped["reward"] == 1.0 and dumped["response"]["object"] == "response"
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 1)
+
+
+def test_aggregate_metrics_binary_and_continuous():
+    rows = [{"_ng_task_index": t, "_ng_rollout_index": r, "reward": float(r == 0), "accuracy": r == 0, "note": "x"}
+            for t in range(3) for r in range(4)]
+    metrics = aggregate_metrics(rows)
+    agent = metrics.agent_metrics
+    assert agent["mean/reward"] == 0.25 and agent["mean/accuracy"] == 0.25
+    assert agent["pass@1/reward"] == pytest.approx(25.0) and agent["pass@4/reward"] == 100.0
+    assert "mean/note" not in agent and agent["num_tasks"] == 3
+    assert metrics.key_metrics["pass@4/reward"] == 100.0
+    continuous = aggregate_metrics([{"_ng_task_index": 0, "reward": 0.5}, {"_ng_task_index": 0, "reward": 0.25}])
+    assert continuous.agent_metrics["pass@2/reward"] == 50.0
+    assert aggregate_metrics([]).agent_metrics == {}
+
+
+def test_dataset_rows_checked_with_line_numbers(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"responses_create_params": {"input": "ok"}}),
+        "{not json",
+        json.dumps({"prompt": "no params"}),
+        "",
+        json.dumps({"responses_create_params": {"input": "x", "bogus": 1}}),
+        json.dumps([1, 2]),
+    ]))
+    problems = {n: p for n, _, p in iter_rows(path) if p}
+    assert sorted(problems) == [2, 3, 5, 6]
+    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "bogus" in problems[5]
+    with pytest.raises(DatasetError, match="line 2"):
+        load_rows(path)
+    assert len(load_rows(path, strict=False)) == 1
+    assert check_row({"responses_create_params": {"input": "hi"}}) is None
+    assert input_items({"responses_create_params": {"input": "hi"}}) == [{"role": "user", "content": "hi", "type": "message"}]
