@@ -10,7 +10,8 @@ Parent side::
         print(proc.url)                     # http://127.0.0.1:<free port>
 
 Each server runs as ``python <entrypoint>`` in its own folder (as NeMo Gym runs ``python
-app.py``); the app's ``__main__`` calls ``run_webserver()``, which lands in :func:`serve`.
+app.py``); the app's ``__main__`` calls ``run_webserver()``, which lands in :func:`serve`
+(the child side lives in :mod:`nemo_gym_env.serving`).
 
 How it works, and why:
 
@@ -41,9 +42,6 @@ every user in the process (the embedded default of ``gym.make``).
 from __future__ import annotations
 
 import collections
-import hashlib
-import importlib.util
-import inspect
 import ipaddress
 import json
 import logging
@@ -61,7 +59,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -212,7 +210,9 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
 
 def _listen(host: str, port: int) -> socket.socket:
     try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as exc:
         raise LaunchError(f"cannot resolve host {host!r}: {exc}") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -375,7 +375,10 @@ class Launcher:
         self._monitor: threading.Thread | None = None
         if auto_restart:
             self._monitor = threading.Thread(
-                target=_monitor_loop, args=(weakref.ref(self), self._closed), name="nemo-gym-env-monitor", daemon=True
+                target=_monitor_loop,
+                args=(weakref.ref(self), self._closed),
+                name="nemo-gym-env-monitor",
+                daemon=True,
             )
             self._monitor.start()
 
@@ -482,7 +485,7 @@ class Launcher:
         """Whether :meth:`close` ran."""
         return not self._finalizer.alive
 
-    def __enter__(self) -> Launcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -496,7 +499,9 @@ class Launcher:
     def _get(self, name: str, error: type[Exception] = LaunchError) -> ServerProcess:
         proc = self._servers.get(name)
         if proc is None:
-            raise error(f"no server named {name!r} in this launcher; running: {sorted(self._servers) or 'none'}")
+            raise error(
+                f"no server named {name!r} in this launcher; running: {sorted(self._servers) or 'none'}"
+            )
         return proc
 
     def _spawn_new(self, spec: ServerSpec, host: str | None, port: int | None) -> ServerProcess:
@@ -508,7 +513,9 @@ class Launcher:
         with self._lock:
             old = self._servers.get(spec.instance_name)
             if old is not None and old.alive():
-                raise LaunchError(f"server {spec.instance_name!r} is already running at {old.url}; stop it first")
+                raise LaunchError(
+                    f"server {spec.instance_name!r} is already running at {old.url}; stop it first"
+                )
             if old is not None:
                 self.stop(spec.instance_name)
             sock = _listen(host, port)
@@ -521,12 +528,18 @@ class Launcher:
                 _spawn(proc, self._parent_fd, self.extra_env, fresh_log=True)
             except OSError as exc:
                 sock.close()
-                raise LaunchError(f"cannot start server {spec.instance_name!r} ({entrypoint}): {exc}") from None
+                raise LaunchError(
+                    f"cannot start server {spec.instance_name!r} ({entrypoint}): {exc}"
+                ) from None
             self._servers[proc.name] = proc
         if self._streamer is not None:
             self._streamer.add(proc.name, log_path)
         if not _is_loopback(host):
-            logger.warning("server %r listens on %s: reachable from the network, routes unauthenticated", proc.name, proc.url)
+            logger.warning(
+                "server %r listens on %s: reachable from the network, routes unauthenticated",
+                proc.name,
+                proc.url,
+            )
         logger.info("started server %r (pid %d) at %s; log: %s", proc.name, proc.pid, proc.url, log_path)
         return proc
 
@@ -582,15 +595,24 @@ class Launcher:
                 if len(proc._crashes) > MAX_CRASHES:
                     proc._state = "failed"
                     _close_socket(proc)
-                    _append_log(proc, f"exited with code {code}; crashed {len(proc._crashes)} times in {CRASH_WINDOW_S:g} s, giving up")
+                    _append_log(
+                        proc,
+                        f"exited with code {code}; crashed {len(proc._crashes)} times in {CRASH_WINDOW_S:g} s, giving up",
+                    )
                     logger.error(
                         "server %r crashed %d times in %g s (last exit code %s); giving up. Last log lines:\n%s",
-                        proc.name, len(proc._crashes), CRASH_WINDOW_S, code, proc.log_tail(20),
+                        proc.name,
+                        len(proc._crashes),
+                        CRASH_WINDOW_S,
+                        code,
+                        proc.log_tail(20),
                     )
                     continue
                 proc.restarts += 1
                 _append_log(proc, f"exited with code {code}; restart #{proc.restarts}")
-                logger.warning("server %r exited with code %s; restarting (restart #%d)", proc.name, code, proc.restarts)
+                logger.warning(
+                    "server %r exited with code %s; restarting (restart #%d)", proc.name, code, proc.restarts
+                )
                 try:
                     _spawn(proc, self._parent_fd, self.extra_env, fresh_log=False)
                 except OSError as exc:
@@ -756,150 +778,8 @@ def serve(server_cls: type) -> None:
     Under a :class:`Launcher`, reads what to serve from :data:`SERVER_ENV` and serves on the
     inherited socket. Run by hand (``python app.py host=0.0.0.0 port=9000 key=value ...``),
     binds ``host``/``port`` from the arguments (default 127.0.0.1:8000); other ``key=value``
-    arguments become config keys.
+    arguments become config keys. See :mod:`nemo_gym_env.serving`.
     """
-    import uvicorn
+    from .serving import serve_server
 
-    raw = os.environ.get(SERVER_ENV)
-    info = json.loads(raw) if raw else _info_from_argv(server_cls)
-    config: dict[str, Any] = info["config"]
-    name = info["name"]
-    _configure_logging(config)
-    if info.get("parent_fd") is not None:
-        _watch_parent(int(info["parent_fd"]))
-    host = str(config.get("host") or DEFAULT_HOST)
-    if info.get("listen_fd") is not None:
-        sock = socket.socket(fileno=int(info["listen_fd"]))
-    else:
-        sock = _listen(host, int(config.get("port") or DEFAULT_PORT))
-    port = sock.getsockname()[1]
-    if not _is_loopback(host):
-        logger.warning(
-            "server %r listens on %s:%d, which is reachable from the network; its routes are "
-            "unauthenticated (anyone who can connect can call every tool). Bind 127.0.0.1 unless you mean this.",
-            name, host, port,
-        )
-    app = server_cls.from_config(config, name).build_app()  # fail here, before serving, on a bad config
-    workers = int(config.get("num_workers") or 1)
-    logger.info("serving %s (%s) at %s with %d worker(s)", name, server_cls.__name__, _url(host, port), workers)
-    options: dict[str, Any] = {
-        "log_level": str(config.get("log_level") or "info").lower(),
-        "access_log": bool(config.get("access_log", False)),
-        "timeout_graceful_shutdown": 1,
-        "timeout_keep_alive": 30,
-        "lifespan": "on",
-    }
-    if workers <= 1:
-        # Subprocesses of the server (tool sandboxes, ...) must not inherit the secret or the config.
-        os.environ.pop(SESSION_SECRET_ENV, None)
-        os.environ.pop(SERVER_ENV, None)
-        uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
-        return
-    # Spawned workers rebuild the app from the entrypoint file and share the session secret.
-    os.environ[SERVER_ENV] = json.dumps({**info, "listen_fd": None, "parent_fd": None})
-    os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_urlsafe(32))
-    del app
-    uv_config = uvicorn.Config(f"{__name__}:_worker_app", factory=True, workers=workers, **options)
-    from uvicorn.supervisors import Multiprocess
-
-    if "target" in inspect.signature(Multiprocess).parameters:  # uvicorn < 0.30
-        server = uvicorn.Server(uv_config)
-        Multiprocess(uv_config, target=server.run, sockets=[sock]).run()
-    else:
-        Multiprocess(uv_config, sockets=[sock]).run()
-
-
-def _worker_app() -> Any:
-    """App factory of one worker when ``num_workers > 1`` (imported by uvicorn by name)."""
-    info = json.loads(os.environ[SERVER_ENV])
-    _configure_logging(info["config"])
-    cls = _load_server_class(Path(info["entrypoint"]), info["config"].get("server_class"))
-    app = cls.from_config(info["config"], info["name"]).build_app()
-    os.environ.pop(SESSION_SECRET_ENV, None)  # as in serve(): not for the worker's own subprocesses
-    os.environ.pop(SERVER_ENV, None)
-    return app
-
-
-def _load_server_class(path: Path, class_name: str | None = None) -> type:
-    """Import ``path`` under a unique module name; return its one SimpleResourcesServer subclass."""
-    from .server import SimpleResourcesServer
-
-    module_name = f"_nemo_gym_env_entry_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise LaunchError(f"cannot import the server entrypoint {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # pydantic resolves annotations through sys.modules
-        spec.loader.exec_module(module)
-    if class_name:
-        cls = getattr(module, class_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, SimpleResourcesServer)):
-            raise LaunchError(f"{path} has no SimpleResourcesServer subclass named {class_name!r} (config server_class)")
-        return cls
-    found = [
-        v for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, SimpleResourcesServer) and v.__module__ == module_name
-    ]
-    if len(found) != 1:
-        names = ", ".join(c.__name__ for c in found) or "none"
-        raise LaunchError(
-            f"{path} must define exactly one SimpleResourcesServer subclass, found: {names}; "
-            "name the one to serve with the config key server_class"
-        )
-    return found[0]
-
-
-def _info_from_argv(server_cls: type) -> dict[str, Any]:
-    import yaml
-
-    config: dict[str, Any] = {}
-    for arg in sys.argv[1:]:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or not key:
-            raise SystemExit(f"unexpected argument {arg!r}; use key=value (e.g. host=127.0.0.1 port=8000)")
-        config[key] = yaml.safe_load(value) if value else ""
-    config.setdefault("host", DEFAULT_HOST)
-    config.setdefault("port", DEFAULT_PORT)
-    name = str(config.pop("name", server_cls.__name__))
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    entrypoint = str(Path(main_file).resolve()) if main_file else ""
-    return {"name": name, "config": config, "listen_fd": None, "parent_fd": None, "entrypoint": entrypoint}
-
-
-def _configure_logging(config: Mapping[str, Any]) -> None:
-    level = str(config.get("log_level") or "info").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO), format="%(levelname)s:     [%(name)s] %(message)s", stream=sys.stderr
-    )
-
-
-def _signal_own_group(sig: int) -> None:
-    if os.getpgrp() == os.getpid():  # started by a Launcher: the group is this server and its workers
-        _killpg(os.getpgrp(), sig)
-    else:
-        os.kill(os.getpid(), sig)
-
-
-def _watch_parent(fd: int) -> None:
-    """Shut down when the launcher process goes away (EOF on a pipe only it can write)."""
-
-    def watch() -> None:
-        while True:
-            try:
-                if not os.read(fd, 1):
-                    break
-            except InterruptedError:
-                continue
-            except OSError:
-                break
-        logger.warning("the launcher process is gone; shutting down")
-        _signal_own_group(signal.SIGTERM)
-        time.sleep(PARENT_GONE_GRACE_S)
-        _signal_own_group(signal.SIGKILL)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="nemo-gym-env-parent-watch", daemon=True).start()
+    serve_server(server_cls)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+print("launch fixture: loading forever", flush=True)  # first, so the log has it even on a busy machine
+
 import time
 
 from fastapi import FastAPI
@@ -12,7 +14,6 @@ from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
 
 class HangServer(SimpleResourcesServer):
     def setup_webserver(self) -> FastAPI:
-        print("launch fixture: loading forever", flush=True)
         time.sleep(3600)
         return super().setup_webserver()
 
