@@ -7,16 +7,35 @@ generic ``NemoGym/Generic-v0``::
     import nemo_gym_env
 
     env = gym.make("NemoGym/example_multi_step-v0")
+
+The env classes load lazily, so server processes and verifier workers that import a
+submodule do not pay for the env stack.
 """
 
 from __future__ import annotations
 
-from .client import ServerError
-from .env import ActionError, NemoGymEnv
+import importlib
+from typing import Any
+
 from .registration import GENERIC_ID, env_id, register_envs
 
-__all__ = ["NemoGymEnv", "ActionError", "ServerError", "GENERIC_ID", "env_id", "register_envs", "__version__"]
+__all__ = ["NemoGymEnv", "NemoGymVectorEnv", "ActionError", "ServerError", "GENERIC_ID", "env_id",
+           "register_envs", "__version__"]
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "NemoGymEnv": ".env",
+    "ActionError": ".actions",
+    "ServerError": ".client",
+    "NemoGymVectorEnv": ".vector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'nemo_gym_env' has no attribute {name!r}")
+
 
 register_envs()
