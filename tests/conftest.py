@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-BUNDLED = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
+from nemo_gym_env.catalog import bundled_servers
+
+EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
+BUNDLED = sorted(bundled_servers())
 
 
 def scripted(server: str) -> Callable:
@@ -39,10 +42,10 @@ def play_episode(env, server: str, *, correct: bool = True, **reset_kwargs) -> t
 
 @pytest.fixture(scope="session")
 def launched() -> Iterator[dict[str, str]]:
-    """One launched process per bundled server for the whole session: name -> base URL."""
+    """One launched process per example server for the whole session: name -> base URL."""
     from nemo_gym_env.catalog import bundled_spec
     from nemo_gym_env.launch import Launcher
 
     with Launcher() as launcher:
-        processes = launcher.start_all([bundled_spec(name) for name in BUNDLED])
+        processes = launcher.start_all([bundled_spec(name) for name in EXAMPLES])
         yield {p.name: p.url for p in processes}
