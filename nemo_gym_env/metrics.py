@@ -40,11 +40,29 @@ def numeric_fields(row: Mapping[str, Any]) -> dict[str, float]:
     """Top-level finite numeric (and boolean) fields of a verify reply, bookkeeping keys excluded."""
     out: dict[str, float] = {}
     for key, value in row.items():
-        if key.startswith("_ng_") or isinstance(value, str):
+        if key.startswith("_ng_") or isinstance(value, str) or not isinstance(value, (bool, int, float)):
             continue
-        if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
-            out[key] = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float (10**400): not a usable metric
+            continue
+        if math.isfinite(number):
+            out[key] = number
     return out
+
+
+def _reward(row: Mapping[str, Any]) -> float:
+    """A row's reward; a missing, non-numeric or non-finite one counts as 0.0 (as a failed verify does)."""
+    return numeric_fields({"reward": row.get("reward")}).get("reward", 0.0)
+
+
+def _task_key(value: Any) -> Any:
+    """A task index usable as a dict key (an unhashable one, e.g. a list, by its text)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def _k_values(n: int) -> list[int]:
@@ -90,15 +108,15 @@ def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]]) -> Aggregat
 
     groups: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[row.get(TASK_INDEX_KEY, 0)].append(row)
+        groups[_task_key(row.get(TASK_INDEX_KEY, 0))].append(row)
     agent["num_tasks"] = len(groups)
     per_task = []
     for task_index in sorted(groups, key=lambda t: (str(type(t)), t)):
-        rewards = [float(r.get("reward", 0.0)) for r in groups[task_index]]
+        rewards = [_reward(r) for r in groups[task_index]]
         per_task.append({TASK_INDEX_KEY: task_index, "num_rollouts": len(rewards), **{
             f"{stat}/reward": v for stat, v in _summary(rewards).items()}})
 
-    reward_lists = [[float(r.get("reward", 0.0)) for r in g] for g in groups.values()]
+    reward_lists = [[_reward(r) for r in g] for g in groups.values()]
     n = min(len(r) for r in reward_lists)
     binary = all(v in (0.0, 1.0) for r in reward_lists for v in r)
     for k in _k_values(n):

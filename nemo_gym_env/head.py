@@ -1,0 +1,336 @@
+"""The head server: tells clients where every launched server is, never what its secrets are.
+
+NeMo Gym's ``ng_run`` starts a head server (port 11000) whose ``GET /global_config_dict_yaml``
+returns the whole merged config, each server instance's ``host``/``port`` filled in, as a
+JSON-encoded YAML string. NeMo Gym serves API keys there; ours serves the same document with
+every secret redacted. Routes:
+
+- ``GET /`` -> ``{"status": "ok"}``
+- ``GET /global_config_dict_yaml`` -> the redacted config as YAML, JSON-encoded (NeMo Gym's
+  contract: ``yaml.safe_load(response.json())``)
+- ``GET /servers`` -> ``{instance name: base URL}``
+- ``GET /server_instances`` -> one record per server (name, type, host, port, url, pid, status)
+
+Example:
+    >>> from nemo_gym_env.catalog import bundled_spec
+    >>> from nemo_gym_env.launch import Launcher
+    >>> with Launcher() as launcher:                                     # doctest: +SKIP
+    ...     procs = launcher.start_all([bundled_spec("example_multi_step")])
+    ...     with HeadServer(cfg, procs, port=0) as head:
+    ...         print(fetch_servers(head.url))
+    {'example_multi_step': 'http://127.0.0.1:41234'}
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Self
+
+import httpx
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import REDACTED, SECRET_KEY_PATTERN, SERVER_TYPES, redact
+from .launch import DEFAULT_HOST, LaunchError, ServerProcess, _listen, _url
+
+__all__ = [
+    "DEFAULT_HEAD_PORT",
+    "HEAD_SERVER_KEY",
+    "HeadServer",
+    "fetch_global_config",
+    "fetch_servers",
+    "head_address",
+    "public_config",
+    "server_urls_from_global_config",
+]
+
+HEAD_SERVER_KEY = "head_server"
+"""Top-level config key holding the head server's ``host`` and ``port`` (as in NeMo Gym)."""
+
+DEFAULT_HEAD_PORT = 11000
+"""NeMo Gym's head server port."""
+
+_MIN_SECRET_LEN = 4  # shorter values would scrub ordinary words out of the document
+
+
+# ---- the document ------------------------------------------------------------------------------
+
+
+def _resolved(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain containers, interpolations resolved where they can be (per top-level key)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException:
+        pass
+    out = OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)
+    for key, raw in list(out.items()):
+        try:
+            if isinstance(raw, (dict, list)):
+                out[key] = OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=False)
+            elif isinstance(raw, str) and "${" in raw:
+                out[key] = OmegaConf.select(cfg, str(key), throw_on_missing=False)
+        except OmegaConfBaseException:
+            pass  # keep the unresolved text: a dangling ${...} is not a secret
+    return out
+
+
+def _secret_values(node: Any, under_secret: bool = False) -> set[str]:
+    """Every string stored under a secret-looking key, at any depth."""
+    found: set[str] = set()
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            found |= _secret_values(value, under_secret or bool(SECRET_KEY_PATTERN.search(str(key))))
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            found |= _secret_values(value, under_secret)
+    elif under_secret and isinstance(node, str) and len(node) >= _MIN_SECRET_LEN and node != "???":
+        found.add(node)
+    return found
+
+
+def _scrub(node: Any, secrets: Sequence[str]) -> Any:
+    """Replace every occurrence of a secret value inside any string (secrets interpolated elsewhere)."""
+    if isinstance(node, dict):
+        return {key: _scrub(value, secrets) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_scrub(value, secrets) for value in node]
+    if isinstance(node, str):
+        for secret in secrets:
+            node = node.replace(secret, REDACTED)
+    return node
+
+
+def public_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config with every secret redacted: safe to print, log or serve.
+
+    Values under secret-looking keys (``*api_key``, ``*token*``, ``*secret*``, ``password``...)
+    are replaced by :data:`~nemo_gym_env.config.REDACTED`, and so is every copy of such a value
+    that an interpolation carried into another key (``base_url: ${policy_api_key}``).
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> public_config(OmegaConf.create({"policy_api_key": "sk-live-1234", "echo": "${policy_api_key}"}))
+        {'policy_api_key': '***REDACTED***', 'echo': '***REDACTED***'}
+    """
+    if isinstance(cfg, DictConfig):
+        resolved = _resolved(cfg)
+        raw = OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)
+    else:
+        resolved = copy.deepcopy(dict(cfg))
+        raw = resolved
+    secrets = sorted(_secret_values(resolved) | _secret_values(raw), key=len, reverse=True)
+    return _scrub(redact(resolved), secrets)
+
+
+def head_address(cfg: DictConfig | Mapping[str, Any]) -> tuple[str, int]:
+    """``(host, port)`` of the head server from ``head_server`` in the config (default 127.0.0.1:11000)."""
+    block = cfg.get(HEAD_SERVER_KEY) if hasattr(cfg, "get") else None
+    if OmegaConf.is_config(block):
+        block = OmegaConf.to_container(block, resolve=True)
+    block = block if isinstance(block, Mapping) else {}
+    host = str(block.get("host") or DEFAULT_HOST)
+    port = block.get("port", DEFAULT_HEAD_PORT)
+    try:
+        port = int(DEFAULT_HEAD_PORT if port is None else port)
+    except (TypeError, ValueError):
+        raise LaunchError(f"head_server.port must be an integer, got {port!r}; e.g. +head_server.port=11000") from None
+    if not 0 <= port <= 65535:
+        raise LaunchError(f"head_server.port must be in 0..65535 (0 = a free port), got {port}")
+    return host, port
+
+
+def global_config_dict(
+    cfg: DictConfig | Mapping[str, Any], processes: Iterable[ServerProcess], head: tuple[str, int]
+) -> dict[str, Any]:
+    """NeMo Gym's global config document: :func:`public_config` plus each server's host and port."""
+    doc = public_config(cfg)
+    for proc in processes:
+        spec = proc.spec
+        block = doc.setdefault(spec.instance_name, {})
+        impls = block.setdefault(spec.server_type, {}) if isinstance(block, dict) else {}
+        impl = impls.setdefault(spec.impl_name, {}) if isinstance(impls, dict) else {}
+        if isinstance(impl, dict):
+            impl["host"], impl["port"] = proc.host, proc.port
+    doc[HEAD_SERVER_KEY] = {"host": head[0], "port": head[1]}
+    return doc
+
+
+# ---- the server --------------------------------------------------------------------------------
+
+
+class HeadServer:
+    """The head server, served by uvicorn on a background thread of this process.
+
+    Args:
+        cfg: The merged config (secrets in it are never served).
+        processes: The launched servers it reports (may be set later, before :meth:`start`).
+        host: Address to bind (default 127.0.0.1).
+        port: Port to bind; 0 picks a free one (see :attr:`port` afterwards).
+
+    Raises:
+        LaunchError: If the address cannot be bound (e.g. 11000 is taken: pass ``port=0``).
+    """
+
+    def __init__(
+        self,
+        cfg: DictConfig | Mapping[str, Any],
+        processes: Sequence[ServerProcess] = (),
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_HEAD_PORT,
+    ):
+        self._sock = _listen(host, port)  # bound now: a taken port fails before any server starts
+        self.host = host
+        self.port = self._sock.getsockname()[1]
+        self.url = _url(host, self.port)
+        self.cfg = cfg
+        self.processes = list(processes)
+        self._yaml = ""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def servers(self) -> dict[str, str]:
+        """``{instance name: base URL}`` of every reported server."""
+        return {proc.name: proc.url for proc in self.processes}
+
+    def build_app(self) -> Any:
+        """The FastAPI app with the head routes."""
+        from fastapi import FastAPI
+
+        app = FastAPI(title="nemo-gym-env head server", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/")
+        async def liveness() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/global_config_dict_yaml")
+        async def global_config_dict_yaml() -> str:
+            return self._yaml
+
+        @app.get("/servers")
+        async def servers() -> dict[str, str]:
+            return self.servers()
+
+        @app.get("/server_instances")
+        async def server_instances() -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": p.name,
+                    "server_type": p.spec.server_type,
+                    "impl_name": p.spec.impl_name,
+                    "host": p.host,
+                    "port": p.port,
+                    "url": p.url,
+                    "pid": p.pid,
+                    "status": p.status,
+                    "restarts": p.restarts,
+                }
+                for p in self.processes
+            ]
+
+        return app
+
+    def start(self) -> Self:
+        """Serve on a daemon thread; returns once it answers ``GET /``."""
+        import uvicorn
+
+        doc = global_config_dict(self.cfg, self.processes, (self.host, self.port))
+        self._yaml = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+        config = uvicorn.Config(self.build_app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="nemo-gym-env-head", daemon=True
+        )
+        self._thread.start()
+        with httpx.Client(trust_env=False) as client:
+            for _ in range(200):
+                try:
+                    if client.get(self.url + "/", timeout=1.0).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                if not self._thread.is_alive():
+                    break
+                threading.Event().wait(0.025)
+        self.stop()
+        raise LaunchError(f"the head server at {self.url} did not start")
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._thread = None
+        self._sock.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- clients -----------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout_s: float) -> httpx.Response:
+    try:
+        response = httpx.get(url, timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise LaunchError(
+            f"cannot reach the head server at {url} ({type(exc).__name__}); is `nemo-gym-env serve` running?"
+        ) from None
+    if response.status_code != 200:
+        raise LaunchError(f"head server {url} answered HTTP {response.status_code}: {response.text[:200]}")
+    return response
+
+
+def fetch_servers(head_url: str, timeout_s: float = 10.0) -> dict[str, str]:
+    """``{instance name: base URL}`` of the resources servers behind a running head server.
+
+    Reads ``GET /servers``; a NeMo Gym head server, which has no such route, is read through
+    its ``GET /global_config_dict_yaml`` instead.
+    """
+    try:
+        response = _get(head_url.rstrip("/") + "/servers", timeout_s)
+    except LaunchError as exc:
+        if "HTTP 404" not in str(exc):
+            raise
+        return server_urls_from_global_config(fetch_global_config(head_url, timeout_s))
+    try:
+        servers = response.json()
+    except ValueError:
+        servers = None
+    if not isinstance(servers, dict) or not all(isinstance(v, str) for v in servers.values()):
+        raise LaunchError(f"{head_url}/servers did not answer a JSON object of name -> URL; is it a nemo-gym-env head?")
+    return servers
+
+
+def fetch_global_config(head_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The global config from ``GET /global_config_dict_yaml`` (ours or NeMo Gym's head server)."""
+    response = _get(head_url.rstrip("/") + "/global_config_dict_yaml", timeout_s)
+    try:
+        return yaml.safe_load(response.json())
+    except (ValueError, yaml.YAMLError) as exc:
+        raise LaunchError(f"{head_url}/global_config_dict_yaml is not a JSON-encoded YAML string: {exc}") from None
+
+
+def server_urls_from_global_config(
+    doc: Mapping[str, Any], server_type: str = "resources_servers"
+) -> dict[str, str]:
+    """``{instance name: URL}`` of the instances of one server type that have a host and port."""
+    urls: dict[str, str] = {}
+    for name, block in doc.items():
+        if not isinstance(block, Mapping):
+            continue
+        for stype in SERVER_TYPES if server_type is None else (server_type,):
+            impls = block.get(stype)
+            if isinstance(impls, Mapping):
+                for impl in impls.values():
+                    if isinstance(impl, Mapping) and impl.get("host") and impl.get("port"):
+                        urls[str(name)] = _url(str(impl["host"]), int(impl["port"]))
+    return urls

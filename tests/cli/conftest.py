@@ -1,0 +1,167 @@
+"""Helpers for the CLI tests: run ``nemo-gym-env`` as a real process, watch its descendants."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "nemo_gym_env.cli"]
+CANARY = "CANARY-7f3a9c0e51d2"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a CLI child: no proxies, this checkout importable, unbuffered."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, cwd: Path | str | None = None, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run ``python -m nemo_gym_env.cli ARGS`` to completion."""
+    return subprocess.run(
+        [*CLI, *args], cwd=cwd, env=cli_env(**extra_env), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess) -> None:
+    """Non-zero exit, no traceback, and the error on one stderr line."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (walking /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
+    """The pids still alive after waiting up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = {p for p in pids if alive(p)}
+        if not left:
+            return set()
+        time.sleep(0.1)
+    return {p for p in pids if alive(p)}
+
+
+@dataclass
+class Served:
+    """A running ``nemo-gym-env serve``: its process, printed URLs and collected output."""
+
+    proc: subprocess.Popen
+    urls: dict[str, str]
+    stdout_lines: list[str]
+    _stdout: queue.Queue = field(repr=False)
+    _stderr_lines: list[str] = field(repr=False, default_factory=list)
+    _threads: list[threading.Thread] = field(repr=False, default_factory=list)
+
+    @property
+    def head(self) -> str:
+        return self.urls["head_server"]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, str, str]:
+        """Send ``sig``; return (exit code, all stdout, all stderr)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        for thread in self._threads:
+            thread.join(5)
+        while not self._stdout.empty():
+            self.stdout_lines.append(self._stdout.get())
+        return code, "".join(self.stdout_lines), "".join(self._stderr_lines)
+
+
+def _pump(stream, sink) -> None:
+    for line in iter(stream.readline, ""):
+        sink(line)
+    stream.close()
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    """``serve(*args)`` starts ``nemo-gym-env serve ARGS`` and waits for its URL lines."""
+    started: list[Served] = []
+
+    def start(*args: str, cwd: Path | None = None, timeout: float = 120.0) -> Served:
+        proc = subprocess.Popen(
+            [*CLI, "serve", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        out: queue.Queue = queue.Queue()
+        served = Served(proc, {}, [], out)
+        threads = [
+            threading.Thread(target=_pump, args=(proc.stdout, out.put), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, served._stderr_lines.append), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        served._threads = threads
+        started.append(served)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = out.get(timeout=0.2)
+            except queue.Empty:
+                if proc.poll() is not None:
+                    break
+                continue
+            served.stdout_lines.append(line)
+            match = re.match(r"^\s+(\S+)\s+(http://\S+)", line)
+            if match:
+                served.urls[match.group(1)] = match.group(2)
+            if line.startswith("Ctrl-C to stop"):
+                return served
+        code = served.stop(signal.SIGKILL)[0] if proc.poll() is None else proc.wait()
+        raise AssertionError(f"serve did not start (exit {code}):\n{''.join(served.stdout_lines)}\n{''.join(served._stderr_lines)}")
+
+    yield start
+    for served in started:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)

@@ -1,0 +1,287 @@
+"""``nemo-gym-env rollouts``: real CLI processes, launched servers, kills and resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from nemo_gym_env.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.dataset import iter_rows
+from nemo_gym_env.rollouts import failures_path, metrics_path
+
+from .conftest import CANARY, CLI, assert_one_line_error, cli_env, descendants, read_jsonl, run_cli, wait_gone
+
+pytestmark = pytest.mark.slow
+
+ONE = "example_single_tool_call"
+
+
+def _tasks(server: str) -> int:
+    return sum(1 for _, row, _ in iter_rows(bundled_dataset(server)) if row is not None)
+
+
+def _keys(rows: list[dict]) -> list[tuple[int, int]]:
+    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+
+
+def _playable() -> list[str]:
+    return [s for s in sorted(bundled_servers()) if importlib.util.find_spec(f"nemo_gym_env.servers.{s}.scripted")]
+
+
+def test_scripted_rollouts_on_every_bundled_server(tmp_path):
+    out = tmp_path / "all.jsonl"
+    result = run_cli("rollouts", "--policy", "scripted", "--num-repeats", "2", "-o", str(out), f"+policy_api_key={CANARY}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(out)
+    servers = _playable()
+    expected, offset = set(), 0
+    for server in servers:
+        n = _tasks(server)
+        expected |= {(offset + t, r) for t in range(n) for r in range(2)}
+        offset += n
+    assert len(rows) == len(expected) == sum(_tasks(s) for s in servers) * 2
+    assert set(_keys(rows)) == expected
+    assert all(r["reward"] == 1.0 for r in rows), [r["reward"] for r in rows]
+    assert Counter(r["agent_ref"]["name"] for r in rows) == {s: _tasks(s) * 2 for s in servers}
+    assert all("response" in r and r["response"]["output"] for r in rows)  # the /verify reply, episode included
+    metrics = json.loads(metrics_path(out).read_text())
+    assert metrics["agent_metrics"]["mean/reward"] == 1.0
+    assert metrics["agent_metrics"]["pass@2/reward"] == 100.0
+    assert metrics["num_rollouts"] == len(rows) and metrics["num_failed"] == 0
+    assert set(metrics["per_server"]) == set(servers)
+    assert "mean/reward" in result.stdout and str(out) in result.stdout  # the table and the path
+    assert not failures_path(out).exists()
+    assert CANARY not in result.stdout + result.stderr + out.read_text()
+
+
+def _slow_run(out: Path, *extra: str) -> list[str]:
+    return [*CLI, "rollouts", ONE, "--policy", "scripted", "--concurrency", "1", "-o", str(out), *extra]
+
+
+def _wait_rows(out: Path, proc: subprocess.Popen, at_least: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if out.exists():
+            n = out.read_bytes().count(b"\n")
+            if n >= at_least:
+                return n
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.02)
+    raise AssertionError("the run produced no rows in time")
+
+
+def test_kill_9_then_resume_has_every_rollout_exactly_once(tmp_path):
+    out = tmp_path / "killed.jsonl"
+    repeats = 100
+    proc = subprocess.Popen(_slow_run(out, "--num-repeats", str(repeats)), env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_rows(out, proc, 30)
+    children = descendants(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=30)
+    before = out.read_bytes().count(b"\n")
+    assert 30 <= before < _tasks(ONE) * repeats, "the kill did not land mid-run"
+    assert wait_gone(children) == set(), "a launched server outlived its killed parent"
+    with open(out, "ab") as handle:  # what a kill in the middle of a write leaves
+        handle.write(b'{"_ng_task_index": 0, "_ng_rollout_index": 7, "rew')
+
+    result = subprocess.run(_slow_run(out, "--num-repeats", str(repeats), "--resume", "--concurrency", "4"),
+                            env=cli_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torn last line" in result.stderr
+    keys = _keys(read_jsonl(out))
+    assert len(keys) == len(set(keys)), "duplicated rollouts"
+    assert set(keys) == {(t, r) for t in range(_tasks(ONE)) for r in range(repeats)}
+
+
+def test_ctrl_c_keeps_the_output_valid_and_exits_130(tmp_path):
+    out = tmp_path / "interrupted.jsonl"
+    proc = subprocess.Popen(_slow_run(out, "--num-repeats", "100"), env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_rows(out, proc, 20)
+    children = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "--resume" in stderr
+    data = out.read_bytes()
+    assert data.endswith(b"\n")
+    rows = read_jsonl(out)
+    assert 20 <= len(rows) < 500 and len(set(_keys(rows))) == len(rows)
+    assert wait_gone(children) == set()
+
+    result = run_cli("rollouts", ONE, "--policy", "scripted", "--num-repeats", "100", "-o", str(out), "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    keys = _keys(read_jsonl(out))
+    assert len(keys) == len(set(keys)) == 500
+
+
+def test_sigterm_during_collection_exits_143(tmp_path):
+    out = tmp_path / "terminated.jsonl"
+    proc = subprocess.Popen(_slow_run(out, "--num-repeats", "100"), env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_rows(out, proc, 10)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert all(json.loads(line) for line in out.read_text().splitlines())
+
+
+def _bad_dataset(path: Path) -> None:
+    good = [json.loads(line) for line in bundled_dataset(ONE).read_text().splitlines()[:3]]
+    unknown = json.loads(json.dumps(good[1]))
+    unknown["responses_create_params"]["bogus_sampling_knob"] = 1
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps(good[0]),
+                '{"responses_create_params": {"input": "unterminated',
+                json.dumps({"prompt": "no responses_create_params here"}),
+                json.dumps(unknown),
+                "",
+                json.dumps(good[2]),
+            ]
+        )
+        + "\n"
+    )
+
+
+def test_bad_rows_are_reported_and_valid_rows_still_run(tmp_path):
+    data, out = tmp_path / "bad.jsonl", tmp_path / "bad_out.jsonl"
+    _bad_dataset(data)
+    result = run_cli("rollouts", "--server", ONE, "--input", str(data), "--policy", "scripted",
+                     "--num-repeats", "2", "-o", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{data}:2: not JSON" in result.stderr
+    assert f"{data}:3: missing 'responses_create_params'" in result.stderr
+    assert f"{data}:4: " in result.stderr and "bogus_sampling_knob" in result.stderr
+    assert "Traceback" not in result.stderr
+    rows = read_jsonl(out)
+    assert sorted(_keys(rows)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["reward"] == 1.0 for r in rows)
+
+    strict_out = tmp_path / "strict.jsonl"
+    strict = run_cli("rollouts", "--server", ONE, "--input", str(data), "--policy", "scripted", "--strict",
+                     "-o", str(strict_out))
+    assert strict.returncode == 1
+    assert f"{data}:2:" in strict.stderr and "--strict" in strict.stderr
+    assert not strict_out.exists() or not strict_out.read_text()
+
+
+class _FlakyServer(BaseHTTPRequestHandler):
+    """A resources server whose /verify misbehaves as the row's ``mode`` says."""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        self._reply(200, b'{"status": "ok"}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        if self.path == "/verify":
+            mode = body.get("mode")
+            if mode == "garbage":
+                return self._reply(200, b"<html>surprise</html>", "text/html")
+            if mode == "hang":
+                time.sleep(4)
+            if mode == "crash":
+                return self._reply(500, b"Internal Server Error", "text/plain")
+            return self._reply(200, json.dumps({**body, "reward": 1.0}).encode())
+        if self.path == "/get_weather":
+            return self._reply(200, json.dumps({"city": body.get("city"), "weather_description": "cold"}).encode())
+        self._reply(200, b"{}")
+
+    def _reply(self, status, data, kind="application/json"):
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except OSError:
+            pass
+
+
+def test_failing_server_rollouts_go_to_the_failures_file(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyServer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = json.loads(bundled_dataset(ONE).read_text().splitlines()[0])
+        data, out = tmp_path / "flaky.jsonl", tmp_path / "flaky_out.jsonl"
+        data.write_text("".join(json.dumps({**base, "mode": m}) + "\n" for m in ("ok", "garbage", "hang", "crash")))
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = run_cli("rollouts", "--server", ONE, "--server-url", url, "--input", str(data), "--policy", "scripted",
+                         "--timeout", "1", "-o", str(out), f"--api-key={CANARY}")
+    finally:
+        server.shutdown()
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    rows = read_jsonl(out)
+    assert [(r["_ng_task_index"], r["mode"], r["reward"]) for r in rows] == [(0, "ok", 1.0)]
+    failures = {f["_ng_task_index"]: f for f in read_jsonl(failures_path(out))}
+    assert set(failures) == {1, 2, 3}
+    assert all(f["_ng_failure_class"] == "server_error" for f in failures.values())
+    assert "not JSON" in failures[1]["failure_reason"]
+    assert "no answer within 1 s" in failures[2]["failure_reason"]
+    assert "HTTP 500" in failures[3]["failure_reason"]
+    metrics = json.loads(metrics_path(out).read_text())
+    assert metrics["num_failed"] == 3 and metrics["num_rollouts"] == 1
+    assert CANARY not in result.stdout + result.stderr + failures_path(out).read_text()
+
+
+def test_refused_server_fails_every_rollout_without_crashing(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "refused.jsonl"
+    result = run_cli("rollouts", ONE, "--server-url", f"http://127.0.0.1:{port}", "--policy", "scripted",
+                     "--limit", "2", "-o", str(out))
+    assert result.returncode == 1
+    assert read_jsonl(out) == []
+    failures = read_jsonl(failures_path(out))
+    assert len(failures) == 2 and all("cannot connect" in f["failure_reason"] for f in failures)
+    assert "2 rollout(s) failed" in result.stderr
+
+
+def test_limit_sampling_overrides_and_output_format(tmp_path):
+    out = tmp_path / "limited.jsonl"
+    result = run_cli("rollouts", "example_multi_step", "--policy", "scripted", "--limit", "2", "--num-repeats", "3",
+                     "--temperature", "0.3", "--top-p", "0.9", "--max-output-tokens", "77", "--max-steps", "8",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = read_jsonl(out)
+    assert sorted(_keys(rows)) == [(t, r) for t in range(2) for r in range(3)]
+    params = rows[0]["responses_create_params"]
+    assert (params["temperature"], params["top_p"], params["max_output_tokens"]) == (0.3, 0.9, 77)
+    assert list(rows[0])[-3:] == ["_ng_task_index", "_ng_rollout_index", "agent_ref"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--num-repeats", "0"],
+        ["--concurrency", "0"],
+        ["--input", "/no/such/file.jsonl", "--server", ONE],
+        ["--server", "no_such_server"],
+        ["--server-url", "localhost:1"],
+        ["--policy", "openai", "--server", ONE, "--no-env-yaml"],
+        ["--policy", "telepathy"],
+        ["+config_paths=[/no/such.yaml]"],
+    ],
+)
+def test_bad_arguments_are_one_line_errors(args, tmp_path):
+    result = run_cli("rollouts", "--policy", "scripted", *args, "-o", str(tmp_path / "x.jsonl"), cwd=tmp_path)
+    assert_one_line_error(result)
