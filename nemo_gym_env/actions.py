@@ -34,7 +34,7 @@ def normalize_action(action: Any, *, turn: int) -> list[dict[str, Any]]:
     """
     action = _as_plain(action)
     if isinstance(action, str):
-        return parse_model_text(action, id_prefix=f"t{turn}")
+        return _on_the_wire(parse_model_text(action, id_prefix=f"t{turn}"))
     if isinstance(action, dict) and action.get("object") == "response" and isinstance(action.get("output"), list):
         action = action["output"]
     if not isinstance(action, (list, tuple)):
@@ -49,7 +49,7 @@ def normalize_action(action: Any, *, turn: int) -> list[dict[str, Any]]:
             raise ActionError(f"action item {position} is a {type(item).__name__}, not a Responses item dict")
         item = dict(item)
         kind = item.get("type", "message" if "role" in item else None)
-        if kind not in _ACTION_ITEM_TYPES:
+        if not isinstance(kind, str) or kind not in _ACTION_ITEM_TYPES:
             raise ActionError(
                 f"action item {position} has type {kind!r}; a model turn holds "
                 f"{sorted(_ACTION_ITEM_TYPES)} items (tool outputs come from the environment)"
@@ -65,7 +65,10 @@ def normalize_action(action: Any, *, turn: int) -> list[dict[str, Any]]:
             item.setdefault("id", f"msg_t{turn}_{position}")
         elif kind == "function_call":
             if isinstance(item.get("arguments"), (dict, list)):
-                item["arguments"] = json.dumps(item["arguments"], ensure_ascii=False)
+                try:
+                    item["arguments"] = json.dumps(item["arguments"], ensure_ascii=False, allow_nan=False)
+                except (TypeError, ValueError, RecursionError) as exc:
+                    raise ActionError(f"action item {position}: arguments are not JSON: {exc}") from None
             item.setdefault("call_id", f"call_t{turn}_{position}")
             item.setdefault("id", f"fc_t{turn}_{position}")
         else:
@@ -77,4 +80,16 @@ def normalize_action(action: Any, *, turn: int) -> list[dict[str, Any]]:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"][1:])
         raise ActionError(f"invalid action item: {where}: {first['msg']}") from None
+    except RecursionError:
+        raise ActionError("invalid action: nested too deeply") from None
+    return _on_the_wire(items)
+
+
+def _on_the_wire(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items``, once sure they travel as JSON text: pydantic accepts what UTF-8 JSON cannot
+    carry (bytes for text, NaN, lone surrogates), and the items go to servers as such."""
+    try:
+        json.dumps(items, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise ActionError(f"invalid action: not JSON text: {exc}"[:500]) from None
     return items

@@ -401,7 +401,9 @@ def server_specs(cfg: DictConfig, server_type: str | None = "resources_servers")
         server_type: One of :data:`SERVER_TYPES`, or ``None`` for every type.
 
     Returns:
-        One :class:`ServerSpec` per instance, with interpolations resolved.
+        One :class:`ServerSpec` per instance, with interpolations resolved. A top-level
+        ``ray_head_node_address`` (NeMo Gym's global Ray key) is copied into every resources
+        server's config that does not set its own, as NeMo Gym hands it to every server.
 
     Raises:
         ConfigError: If a required ``???`` value is unset or unresolvable (naming the dotted key),
@@ -413,6 +415,8 @@ def server_specs(cfg: DictConfig, server_type: str | None = "resources_servers")
         )
     sources = _SOURCES.get(id(cfg), {})
     raw = OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)
+    ray_address = OmegaConf.select(cfg, "ray_head_node_address", default=None, throw_on_missing=False)
+    ray_address = ray_address if isinstance(ray_address, str) and ray_address.strip() else None
     specs: list[ServerSpec] = []
     for name, block in raw.items():
         if not isinstance(block, dict):
@@ -460,6 +464,8 @@ def server_specs(cfg: DictConfig, server_type: str | None = "resources_servers")
             raise ConfigError(
                 f"'{dotted}.entrypoint' is missing or empty; set it to the server script, e.g. app.py."
             )
+        if stype == "resources_servers" and ray_address and "ray_head_node_address" not in resolved:
+            resolved["ray_head_node_address"] = ray_address  # NeMo Gym's global key reaches every server
         specs.append(ServerSpec(str(name), stype, str(impl_name), resolved, sources.get(str(name))))
     return specs
 

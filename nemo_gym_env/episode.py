@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any
 
 from .client import TOOL_NAME_RE, CookieJar, ResourcesClient, ServerError
 from .dataset import input_items
 from .metrics import numeric_fields
 from .server import RESERVED_ROUTES
-from .types import FunctionCallOutput, Response, make_response
+from .types import Response, make_response
 
 __all__ = ["Episode", "StepResult", "SAMPLING_KEYS"]
 
@@ -17,6 +18,27 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", 
                  "tool_choice", "instructions")
 
 StepResult = tuple[list, float, bool, bool, dict]
+
+
+_TOOLS_CACHE: OrderedDict[str, list[Any]] = OrderedDict()
+_TOOLS_CACHE_SIZE = 1024
+
+
+def _dumped_tools(tools: list[Any]) -> list[Any]:
+    """``make_response([], tools=tools)``'s tools as JSON, cached by the tools' JSON text.
+
+    The result is shared between episodes: serialise it, never mutate it.
+    """
+    key = json.dumps(tools, sort_keys=True, default=repr)
+    dumped = _TOOLS_CACHE.get(key)
+    if dumped is None:
+        dumped = make_response([], tools=tools).model_dump(mode="json", exclude_none=True, by_alias=True)["tools"]
+        _TOOLS_CACHE[key] = dumped
+        if len(_TOOLS_CACHE) > _TOOLS_CACHE_SIZE:
+            _TOOLS_CACHE.popitem(last=False)
+    else:
+        _TOOLS_CACHE.move_to_end(key)
+    return dumped
 
 
 class Episode:
@@ -75,7 +97,8 @@ class Episode:
         try:
             for call in calls:
                 output = await self._call_tool(call)
-                item = FunctionCallOutput(call_id=call["call_id"], output=output).model_dump(exclude_none=True)
+                # FunctionCallOutput(...).model_dump(exclude_none=True), without building the model.
+                item = {"call_id": call["call_id"], "output": output, "type": "function_call_output"}
                 self.trajectory.append(item)
                 observation.append(item)
             if calls and self.turn < self.max_steps:
@@ -97,7 +120,7 @@ class Episode:
         return await self.client.call_tool(name, arguments, self.cookies, task_index=self.task_index)
 
     async def _verify(self, info: dict[str, Any]) -> float:
-        body = {**self.task, "response": self.response.model_dump(mode="json", exclude_none=True, by_alias=True)}
+        body = {**self.task, "response": self._response_json()}
         reply = await self.client.verify(body, self.cookies, task_index=self.task_index)
         self.last_verify = reply
         reward = float(reply["reward"])
@@ -107,6 +130,16 @@ class Episode:
             if isinstance(reply.get(key), str):
                 info[key] = reply[key][:500]
         return reward
+
+    def _response_json(self) -> dict[str, Any]:
+        """``self.response`` as JSON, with the task's tools dumped once per task rather than per episode.
+
+        The tool schemas are most of the work of validating a ``Response`` and never change
+        within a task; the trajectory is validated every time.
+        """
+        response = make_response(self.trajectory).model_dump(mode="json", exclude_none=True, by_alias=True)
+        response["tools"] = _dumped_tools(self.task["responses_create_params"].get("tools") or [])
+        return response
 
     def _fail(self, exc: ServerError, observation: list, info: dict[str, Any]) -> StepResult:
         self.done = True

@@ -46,6 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic_core import PydanticSerializationError
 from starlette.middleware.sessions import SessionMiddleware
 
 from .metrics import aggregate_metrics
@@ -53,6 +54,7 @@ from .sessions import SessionStore
 from .types import (
     AggregateMetrics,
     AggregateMetricsRequest,
+    BaseRunRequest,
     BaseSeedSessionRequest,
     BaseSeedSessionResponse,
     BaseVerifyRequest,
@@ -65,6 +67,16 @@ __all__ = [
     "RESERVED_ROUTES",
     "BaseResourcesServerConfig",
     "SimpleResourcesServer",
+    # Re-exported from .types so that a NeMo Gym server ports by renaming the modules it
+    # imports from (``nemo_gym.base_resources_server`` and ``nemo_gym.server_utils`` both
+    # become ``nemo_gym_env.server``); see docs/porting.md.
+    "AggregateMetrics",
+    "AggregateMetricsRequest",
+    "BaseRunRequest",
+    "BaseSeedSessionRequest",
+    "BaseSeedSessionResponse",
+    "BaseVerifyRequest",
+    "BaseVerifyResponse",
 ]
 
 logger = logging.getLogger("nemo_gym_env.server")
@@ -83,9 +95,11 @@ class BaseResourcesServerConfig(BaseModel):
     """Configuration of one server instance: NeMo Gym's keys plus our limits.
 
     Any other key in the server's YAML block is kept (``extra="allow"``) for subclasses.
+    Validation errors never quote the input: it may hold API keys, and start-up errors end
+    up in logs and in the launcher's error message.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", hide_input_in_errors=True)
 
     name: str = ""
     host: str = "127.0.0.1"
@@ -274,6 +288,21 @@ def _install_error_handlers(app: FastAPI, server: SimpleResourcesServer) -> None
         return JSONResponse(
             {"error": f"{server_name}: {request.url.path} failed: {type(exc).__name__}: {exc}"}, status_code=500
         )
+
+    # A reply that echoes the body (``/verify`` does) cannot be encoded when the body held a lone
+    # UTF-16 surrogate escape ("\ud800") or was nested past the serializer's depth limit: the
+    # client's input is at fault, so it is a 400, not a 500 (found by tests/reliability).
+    @app.exception_handler(PydanticSerializationError)
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unencodable(request: Request, exc: ValueError) -> JSONResponse:
+        text = str(exc)
+        if "surrogates not allowed" in text:
+            why = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), which is not text"
+        elif "depth exceeded" in text:
+            why = "is nested too deeply"
+        else:
+            return await _unhandled(request, exc)
+        return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
 
 
 class _SessionIdMiddleware:

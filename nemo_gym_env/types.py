@@ -37,6 +37,10 @@ from openai.types.responses.response_create_params import (
     ToolParam,
 )
 from openai.types.responses.response_reasoning_item import Summary
+from openai.types.responses.response_usage import (
+    InputTokensDetails as _InputTokensDetails,
+    ResponseUsage as _ResponseUsage,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -52,6 +56,8 @@ __all__ = [
     "InputItem",
     "OutputItem",
     "Response",
+    "ResponseUsage",
+    "InputTokensDetails",
     "ResponsesCreateParams",
     "BaseRunRequest",
     "BaseVerifyRequest",
@@ -167,10 +173,29 @@ InputItem: TypeAlias = Union[
 OutputItem: TypeAlias = InputItem
 
 
+class InputTokensDetails(_InputTokensDetails):
+    """``usage.input_tokens_details``; counts that newer ``openai`` SDKs require default to 0.
+
+    NeMo Gym pins ``openai<=2.7.2``, whose usage has no ``cache_write_tokens``: without the
+    default, every ``/verify`` from its agent (whose model server reports usage) would be a 422.
+    """
+
+    cached_tokens: int = 0
+    if "cache_write_tokens" in _InputTokensDetails.model_fields:
+        cache_write_tokens: int = 0
+
+
+class ResponseUsage(_ResponseUsage):
+    """``Response.usage``, accepting the usage older SDKs and model servers write."""
+
+    input_tokens_details: InputTokensDetails  # type: ignore[assignment]
+
+
 class Response(_OpenAIResponse):
     """A Responses-API ``Response`` whose ``output`` holds every item of an episode."""
 
     output: list[OutputItem]  # type: ignore[assignment]
+    usage: ResponseUsage | None = None  # type: ignore[assignment]
 
 
 def make_response(

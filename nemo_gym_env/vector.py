@@ -16,6 +16,10 @@ loop; a step runs all sub-envs' HTTP concurrently, bounded by ``max_in_flight``.
 that are about to autoreset, or have ended with autoreset disabled, take ``None`` as their
 action, so a policy only generates for live episodes. A sub-env whose server call fails or
 times out ends truncated with ``infos["error"]``; the others go on.
+
+``base_url`` may be a list of identical servers: sub-env ``i`` plays on
+``base_url[i % len(base_url)]`` for good, so servers that keep session state in their process
+(one uvicorn worker each) can be sharded without a sticky load balancer.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ class NemoGymVectorEnv(VectorEnv):
 
     Args:
         num_envs: Number of concurrent episodes.
+        base_url: A running server's URL, or a list of URLs of identical servers (shards):
+            sub-env ``i`` then plays every one of its episodes on ``base_url[i % len(base_url)]``,
+            so a server that keeps session state in its process always sees the whole episode.
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs`` and
             ``final_info`` in infos) or ``DISABLED`` (reset with ``options={"reset_mask": mask}``).
-        max_in_flight: Bound on concurrent HTTP requests to the server.
+        max_in_flight: Bound on concurrent HTTP requests to each server.
     """
 
     def __init__(
@@ -56,7 +63,7 @@ class NemoGymVectorEnv(VectorEnv):
         server: str | None = None,
         num_envs: int = 1,
         *,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         dataset: str | Path | Sequence[dict[str, Any]] | None = None,
         config_paths: Sequence[str] | None = None,
         max_steps: int = 16,
@@ -75,7 +82,13 @@ class NemoGymVectorEnv(VectorEnv):
         self.render_mode = render_mode
         self.num_envs = num_envs
         self.max_steps = max_steps
-        self._handle: ServerHandle | None = resolve_server(server, base_url, config_paths)
+        shards = None
+        if base_url is not None and not isinstance(base_url, str):
+            shards = [str(url).rstrip("/") for url in base_url]
+        if shards is not None and not shards:
+            raise ValueError("base_url is an empty list; give at least one server URL")
+        self._handle: ServerHandle | None = resolve_server(server, shards[0] if shards else base_url, config_paths)
+        urls = shards or [self._handle.url]
         try:
             if dataset is None and self._handle.default_dataset is None:
                 raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
@@ -83,8 +96,10 @@ class NemoGymVectorEnv(VectorEnv):
         except Exception:
             self.close()
             raise
-        self.client = ResourcesClient(self._handle.url, timeout_s=request_timeout_s, verify_timeout_s=verify_timeout_s,
-                                      max_in_flight=max_in_flight)
+        self.clients = [ResourcesClient(url, timeout_s=request_timeout_s, verify_timeout_s=verify_timeout_s,
+                                        max_in_flight=max_in_flight) for url in urls]
+        """One client per server; sub-env ``i`` uses ``clients[i % len(clients)]``."""
+        self.client = self.clients[0]
         self.single_observation_space = JsonItems()
         tools = self.rows[0]["responses_create_params"].get("tools") or []
         self.single_action_space = ResponsesAction(tool_names=tuple(t.get("name", "") for t in tools
@@ -149,7 +164,7 @@ class NemoGymVectorEnv(VectorEnv):
     async def _start(self, i: int, task_index: int | None = None) -> tuple[list, dict]:
         options = None if task_index is None else {"task_index": task_index}
         index, row = pick_task(self.rows, self._rngs[i], options)
-        episode = Episode(self.client, row, index, self.max_steps)
+        episode = Episode(self.clients[i % len(self.clients)], row, index, self.max_steps)
         self.episodes[i] = episode
         try:
             obs, info = await episode.start()

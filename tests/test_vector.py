@@ -201,3 +201,34 @@ def test_one_failing_sub_env_does_not_stop_the_others(launched):
     assert infos["_error"].tolist() == [False, True, False]
     assert obs[0] and obs[2]
     envs.close()
+
+
+def test_base_url_list_pins_each_sub_env_to_one_server():
+    """Sharding over single-worker servers: sub-env i always plays on urls[i % n], so per-process
+    session state (the counter server) is found at /verify; rewards prove no episode hopped."""
+    import dataclasses
+
+    from nemo_gym_env.catalog import bundled_spec
+    from nemo_gym_env.launch import Launcher
+
+    server = "example_session_state_mgmt"
+    with Launcher() as launcher:
+        spec = bundled_spec(server)
+        second = dataclasses.replace(spec, instance_name=spec.instance_name + "_b")
+        urls = [launcher.start(spec).url, launcher.start(second).url]
+        envs = NemoGymVectorEnv(base_url=urls, dataset=example_rows(server), num_envs=4)
+        obs, _ = envs.reset(seed=0)
+        assert [e.client.base_url for e in envs.episodes] == [urls[0], urls[1], urls[0], urls[1]]
+        histories = [[] for _ in range(4)]
+        finished = []
+        for _ in range(8):
+            actions = _actions(envs, histories, obs, server=server)
+            obs, rewards, terms, truncs, infos = envs.step(actions)
+            finished += [rewards[i] for i in range(4) if terms[i] or truncs[i]]
+            if len(finished) >= 4:
+                break
+        assert finished == [1.0] * 4 and "_error" not in infos
+        assert [e.client.base_url for e in envs.episodes] == [urls[0], urls[1], urls[0], urls[1]]
+        with pytest.raises(ValueError, match="empty list"):
+            NemoGymVectorEnv(base_url=[], dataset=example_rows(server))
+        envs.close()

@@ -174,7 +174,7 @@ class MathResourcesServer(SimpleResourcesServer):
         config = self.config
         address = config.ray_address or config.ray_head_node_address
         if address:
-            self._runner = RayRunner(address)  # raises a clear error when ray is missing
+            self._runner = RayRunner(address, initializer=init_worker)  # a clear error when ray is missing
         else:
             self._runner = ProcessPoolRunner(
                 config.verify_workers or default_workers(), initializer=init_worker

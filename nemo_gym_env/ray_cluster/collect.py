@@ -1,0 +1,288 @@
+"""``ray_collect``: rollout collection spread over Ray workers, streamed back in order, losing nothing.
+
+Each worker is a Ray actor with its own event loop, its own policy (built by
+``policy_factory`` on the worker) and its own connection pool, playing many episodes at once
+with :func:`~nemo_gym_env.rollouts.run_rollout`. The driver hands out the rollouts in chunks,
+two chunks in flight per worker so none idles between chunks, and reads each chunk back as a
+Ray streaming generator, one row per finished episode::
+
+    from nemo_gym_env.policies import ScriptedPolicy
+    from nemo_gym_env.ray_cluster import ray_collect
+
+    for row in ray_collect(rows, lambda: ScriptedPolicy("math"), {"math": url}, num_workers=4):
+        out.write(row)                      # (task, rollout) order; failures as in rollouts.collect
+
+Worker death (its process killed, its node lost): the rows it had already streamed are kept;
+its unfinished rollouts go back to the queue and run on the surviving workers; a row is never
+yielded twice. When every worker is gone, :class:`WorkersLost` names the rollouts left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+from .connection import connect, import_ray
+
+__all__ = ["WorkersLost", "ray_collect"]
+
+Key = tuple[int, int]
+
+
+class WorkersLost(RuntimeError):
+    """Every Ray worker died before the collection finished.
+
+    Attributes:
+        missing: The ``(task_index, rollout_index)`` pairs that never finished.
+    """
+
+    def __init__(self, message: str, missing: list[Key]):
+        super().__init__(message)
+        self.missing = missing
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.args[0], self.missing)
+
+
+class _RolloutWorker:
+    """One Ray worker (an async actor: its own event loop); wrapped by ``ray.remote`` on first use."""
+
+    def __init__(self, policy_factory: Callable[[], Any], server_urls: dict[str, str], routes: dict[str, str],
+                 settings: dict[str, Any]):
+        import asyncio
+
+        self._policy_factory = policy_factory
+        self._policy: Any = None
+        self._server_urls = server_urls
+        self._routes = routes
+        self._settings = settings
+        self._clients: dict[str, Any] = {}
+        self._slots = asyncio.Semaphore(settings["concurrency"])  # shared by this worker's chunks
+
+    def where(self) -> dict[str, Any]:
+        import os
+
+        import ray
+
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    async def run(self, chunk: list[tuple[Key, dict[str, Any]]]) -> Any:
+        """Play a chunk of rollouts; yield each finished row (an output or a failure row)."""
+        import asyncio
+
+        from nemo_gym_env.client import ResourcesClient
+        from nemo_gym_env.rollouts import RolloutJob, run_rollout
+
+        if self._policy is None:
+            self._policy = self._policy_factory()
+        settings = self._settings
+
+        def job(key: Key, row: dict[str, Any]) -> RolloutJob:
+            name = _server_of(row, self._server_urls, self._routes)
+            client = self._clients.get(name)
+            if client is None:
+                client = self._clients[name] = ResourcesClient(
+                    self._server_urls[name], timeout_s=settings["request_timeout_s"],
+                    verify_timeout_s=settings["request_timeout_s"])
+            return RolloutJob(row, key[0], key[1], client, self._policy, name)
+
+        async def play(job: RolloutJob) -> dict[str, Any]:
+            async with self._slots:  # the worker's bound, over all its chunks in flight
+                return await run_rollout(job, max_steps=settings["max_steps"], turn_timeout_s=settings["turn_timeout_s"])
+
+        tasks = [asyncio.ensure_future(play(job(key, row))) for key, row in chunk]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _server_of(row: Mapping[str, Any], urls: Mapping[str, str], routes: Mapping[str, str]) -> str:
+    ref = row.get("agent_ref")
+    wanted = ref.get("name") if isinstance(ref, Mapping) else None
+    wanted = routes.get(wanted, wanted)
+    if wanted in urls:
+        return wanted
+    if len(urls) == 1:
+        return next(iter(urls))
+    raise ValueError(f"agent_ref.name {wanted!r} names none of the servers ({', '.join(urls)})")
+
+
+_WORKER_CLASS: Any = None
+
+
+def _worker_class() -> Any:
+    global _WORKER_CLASS
+    if _WORKER_CLASS is None:
+        _WORKER_CLASS = import_ray().remote(_RolloutWorker)
+    return _WORKER_CLASS
+
+
+@dataclass(eq=False)
+class _Worker:
+    handle: Any
+    index: int
+    streams: dict[Any, list[Key]] = field(default_factory=dict)  # generator -> its chunk's keys
+
+
+def ray_collect(
+    rows: Sequence[dict[str, Any]],
+    policy_factory: Callable[[], Any],
+    server_urls: str | Mapping[str, str],
+    num_workers: int = 2,
+    *,
+    num_repeats: int = 1,
+    concurrency: int = 32,
+    chunk_size: int | None = None,
+    max_steps: int = 16,
+    sampling: Mapping[str, Any] | None = None,
+    skip: Sequence[Key] = (),
+    routes: Mapping[str, str] | None = None,
+    num_cpus_per_worker: float = 1.0,
+    num_gpus_per_worker: float = 0.0,
+    request_timeout_s: float = 120.0,
+    turn_timeout_s: float | None = None,
+    timeout_s: float | None = None,
+    address: str | None = None,
+    on_worker_lost: Callable[[int, str], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Roll out every row ``num_repeats`` times on ``num_workers`` Ray workers; yield rows in order.
+
+    Args:
+        rows: Task rows; a row's ``_ng_task_index`` is kept, otherwise its position is used.
+        policy_factory: Builds the policy, once per worker, on the worker (so it must pickle:
+            a module-level function or class, not a lambda over unpicklable state).
+        server_urls: One server URL, or ``{name: url}`` with rows routed by ``agent_ref.name``.
+        num_workers: Ray workers (actors), spread over the nodes.
+        num_repeats: Rollouts per task (``_ng_rollout_index`` 0..n-1).
+        concurrency: Episodes in flight per worker.
+        chunk_size: Rollouts handed to a worker at a time (default ``concurrency``); smaller
+            chunks lose less work when a worker dies and balance slow tails better.
+        max_steps: Model turns before an episode is verified anyway.
+        sampling: Overrides of ``responses_create_params`` (as in :func:`~nemo_gym_env.rollouts.collect`).
+        skip: ``(task_index, rollout_index)`` pairs already done (resume).
+        routes: Agent name -> server name, for rows whose ``agent_ref`` names a NeMo Gym agent.
+        num_cpus_per_worker: CPUs each worker reserves (spreads workers over nodes).
+        num_gpus_per_worker: GPUs each worker reserves (a local model per worker).
+        request_timeout_s: Timeout of each server request.
+        turn_timeout_s: Timeout of each policy turn.
+        timeout_s: Give up (``TimeoutError``, naming the rollouts left) after this long.
+        address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`).
+        on_worker_lost: Called with (worker index, reason) when a worker dies.
+
+    Yields:
+        Output rows (the ``/verify`` reply with ``_ng_task_index``/``_ng_rollout_index``) and
+        failure rows (:func:`~nemo_gym_env.rollouts.is_failure`), in (task, rollout) order,
+        each exactly once.
+
+    Raises:
+        WorkersLost: Every worker died with rollouts left.
+        TimeoutError: ``timeout_s`` passed with rollouts left.
+    """
+    from ..rollouts import apply_sampling
+
+    if num_workers < 1 or concurrency < 1 or num_repeats < 1:
+        raise ValueError("num_workers, concurrency and num_repeats must be >= 1")
+    ray = import_ray()
+    connect(address)
+    urls = {"server": server_urls} if isinstance(server_urls, str) else dict(server_urls)
+    urls = {name: url.rstrip("/") for name, url in urls.items()}
+    done = set(skip)
+    jobs: dict[Key, dict[str, Any]] = {}
+    for position, row in enumerate(rows):
+        task = int(row.get(TASK_INDEX_KEY, position))
+        prepared = apply_sampling(row, sampling)
+        _server_of(prepared, urls, routes or {})  # a row that names no server fails here, not on a worker
+        for rollout in range(num_repeats):
+            if (task, rollout) not in done:
+                jobs[(task, rollout)] = prepared
+    order = sorted(jobs)
+    size = chunk_size or concurrency
+    queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
+    settings = {"concurrency": concurrency, "max_steps": max_steps, "request_timeout_s": request_timeout_s,
+                "turn_timeout_s": turn_timeout_s}
+    actor = _worker_class().options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
+                                    scheduling_strategy="SPREAD", max_restarts=0)
+    workers = [_Worker(actor.remote(policy_factory, urls, dict(routes or {}), settings), i) for i in range(num_workers)]
+    finished: set[Key] = set()  # received from a worker (yielded, or waiting for its turn)
+    waiting: dict[Key, dict[str, Any]] = {}
+    next_at = 0
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def hand_out() -> None:
+        for worker in sorted(workers, key=lambda w: len(w.streams)):
+            while queue and len(worker.streams) < 2:
+                keys = queue.popleft()
+                chunk = [(key, jobs[key]) for key in keys]
+                stream = worker.handle.run.options(num_returns="streaming").remote(chunk)
+                worker.streams[stream] = list(keys)
+
+    def lose(worker: _Worker, reason: str) -> None:
+        workers.remove(worker)
+        left = sorted({k for keys in worker.streams.values() for k in keys if k not in finished})
+        for start in reversed(range(0, len(left), size)):  # to the front, oldest first: they hold up the order
+            queue.appendleft(left[start:start + size])
+        _kill(ray, worker.handle)
+        if on_worker_lost is not None:
+            on_worker_lost(worker.index, reason)
+
+    def left() -> list[Key]:
+        return [k for k in order if k not in finished]
+
+    try:
+        hand_out()
+        while next_at < len(order):
+            if not workers:
+                missing = left()
+                raise WorkersLost(f"all {num_workers} Ray rollout workers died; {len(missing)} rollouts left "
+                                  f"(first: {missing[:5]})", missing)
+            if deadline is not None and time.monotonic() > deadline:
+                missing = left()
+                raise TimeoutError(f"ray_collect: {len(missing)} rollouts left after {timeout_s:g} s "
+                                   f"(first: {missing[:5]})")
+            owners = {stream: worker for worker in workers for stream in worker.streams}
+            ready, _ = ray.wait(list(owners), num_returns=len(owners), timeout=0)  # everything ready now...
+            if not ready:
+                ready, _ = ray.wait(list(owners), num_returns=1, timeout=1.0)  # ...or wait for the next one
+            for stream in ready:
+                worker = owners[stream]
+                if worker not in workers:
+                    continue  # lost while this round read another of its streams
+                try:
+                    row = ray.get(next(stream))
+                except StopIteration:
+                    del worker.streams[stream]
+                    continue
+                except _lost_errors(ray) as exc:
+                    lose(worker, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                key = (row[TASK_INDEX_KEY], row[ROLLOUT_INDEX_KEY])
+                if key in jobs and key not in finished:  # a late duplicate of a re-run rollout stays out
+                    finished.add(key)
+                    waiting[key] = row
+            hand_out()
+            while next_at < len(order) and order[next_at] in waiting:
+                yield waiting.pop(order[next_at])
+                next_at += 1
+    finally:
+        for worker in workers:
+            _kill(ray, worker.handle)
+
+
+def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """What a dead worker's stream raises (its process killed, its node gone)."""
+    errors = ray.exceptions
+    return (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError, errors.NodeDiedError)
+
+
+def _kill(ray: Any, handle: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone
+        ray.kill(handle, no_restart=True)

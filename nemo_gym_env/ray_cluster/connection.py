@@ -1,0 +1,57 @@
+"""Which Ray cluster to join, and joining it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["RAY_ADDRESS_KEY", "connect", "import_ray", "ray_address"]
+
+RAY_ADDRESS_KEY = "ray_head_node_address"
+"""NeMo Gym's config key for the cluster address (NeMo RL sets it to its GCS address)."""
+
+
+def import_ray() -> Any:
+    """``ray``, or an ImportError saying how to get it."""
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        raise ImportError("scale-out on Ray needs ray: pip install 'nemo-gym-env[ray]'") from None
+
+
+def ray_address(config: Mapping[str, Any] | None = None, address: str | None = None) -> str | None:
+    """The cluster address to use: ``address``, else ``config["ray_head_node_address"]``, else ``RAY_ADDRESS``.
+
+    None means ``ray.init()``'s default: a cluster started on this machine with ``ray start``,
+    or a private local one.
+
+    Example:
+        >>> ray_address({"ray_head_node_address": "10.0.0.1:6379"})
+        '10.0.0.1:6379'
+    """
+    if address:
+        return address
+    value = (config or {}).get(RAY_ADDRESS_KEY)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def connect(address: str | None = None, *, config: Mapping[str, Any] | None = None, **init_kwargs: Any) -> str:
+    """Join the cluster (once per process) and return its GCS address.
+
+    Already connected (inside a Ray worker, or after an earlier call): nothing changes, and
+    the current cluster's address is returned.
+
+    Args:
+        address: The cluster (``host:port``, ``ray://host:10001``, ``auto``).
+        config: A config whose ``ray_head_node_address`` names the cluster.
+        **init_kwargs: More ``ray.init`` arguments (``runtime_env``, ``namespace``...).
+    """
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init(address=ray_address(config, address), log_to_driver=init_kwargs.pop("log_to_driver", False),
+                 **init_kwargs)
+    return ray.get_runtime_context().gcs_address

@@ -1,0 +1,327 @@
+"""``RayLauncher``: resources servers placed on Ray cluster nodes, with the ``Launcher`` surface.
+
+Each server gets a small Ray actor on some node (the nodes taken in turn by default, or
+pinned to one). The actor runs a :class:`~nemo_gym_env.launch.Launcher` there, which serves the
+server as a uvicorn process on the node's address exactly as a local launch does
+(``serving.serve_server`` -> the class's ``from_config`` + ``build_app``; signed sessions, a
+fresh secret per server, readiness, restarts, a log file) and reports its URL back::
+
+    from nemo_gym_env.catalog import bundled_spec
+    from nemo_gym_env.ray_cluster import RayLauncher
+
+    with RayLauncher(address="10.0.0.1:6379") as launcher:
+        for server in launcher.start_all([bundled_spec("math"), bundled_spec("mcqa")]):
+            print(server.name, server.url, server.node_id)
+
+Why a process per server rather than uvicorn inside the actor: the server keeps its own GIL,
+``num_workers`` and verifier process pools work as they do locally, and the launcher's
+guarantees hold. A server outlives no actor: the actor's death (``ray.kill``, a lost node)
+closes the pipe its server watches, and the server stops itself.
+
+Every server gets the cluster's address as ``ray_head_node_address`` (NeMo Gym's global key)
+unless its config sets one, so servers with a Ray path (``math``) verify with Ray tasks.
+
+The default host is the node's IP address, reachable from the other nodes (the launcher logs
+that such a server's routes are unauthenticated); pass ``host="127.0.0.1"`` for a one-machine
+cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Self
+
+from ..config import ServerSpec
+from ..launch import LaunchError
+from .connection import RAY_ADDRESS_KEY, connect, import_ray
+
+__all__ = ["RayLauncher", "RayServer"]
+
+logger = logging.getLogger("nemo_gym_env.ray_cluster")
+
+
+class _ServerHost:
+    """The per-server actor: a Launcher on its node (wrapped by ``ray.remote`` on first use)."""
+
+    def __init__(self, ready_timeout_s: float, auto_restart: bool):
+        from nemo_gym_env.launch import Launcher
+
+        self._launcher = Launcher(ready_timeout_s=ready_timeout_s, auto_restart=auto_restart)
+        self._name: str | None = None
+
+    def start(self, spec: ServerSpec, host: str | None, port: int | None) -> dict[str, Any]:
+        import ray
+
+        host = host or ray.util.get_node_ip_address()
+        try:
+            proc = self._launcher.start(spec, host=host, port=port)
+        except LaunchError as exc:  # ServerCrashed's arguments do not survive Ray's pickling: keep the message
+            raise LaunchError(str(exc)) from None
+        self._name = proc.name
+        return {"host": proc.host, "port": proc.port, "url": proc.url, "pid": proc.pid,
+                "log_path": str(proc.log_path), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def status(self) -> dict[str, Any]:
+        proc = self._launcher.servers.get(self._name or "")
+        if proc is None:
+            return {"status": "stopped", "restarts": 0, "pid": 0}
+        return {"status": proc.status, "restarts": proc.restarts, "pid": proc.pid}
+
+    def log_tail(self, lines: int) -> str:
+        proc = self._launcher.servers.get(self._name or "")
+        return "" if proc is None else proc.log_tail(lines)
+
+    def restart(self) -> dict[str, Any]:
+        proc = self._launcher.restart(self._name or "")
+        return {"pid": proc.pid, "restarts": proc.restarts}
+
+    def stop(self) -> None:
+        self._launcher.close()
+
+
+_HOST_CLASS: Any = None
+
+
+def _host_class() -> Any:
+    global _HOST_CLASS
+    if _HOST_CLASS is None:
+        _HOST_CLASS = import_ray().remote(_ServerHost)
+    return _HOST_CLASS
+
+
+@dataclass(eq=False)
+class RayServer:
+    """One server placed on the cluster; the attributes of :class:`~nemo_gym_env.launch.ServerProcess`.
+
+    Attributes:
+        name: The instance name.
+        spec: The spec it was started from (with ``ray_head_node_address`` filled in).
+        host: The address it listens on (its node's).
+        port: Its port.
+        url: ``http://host:port``.
+        pid: Its process id on its node.
+        node_id: The Ray node it runs on.
+        log_path: Its log file, on its node.
+        restarts: Restarts so far (as of the last :meth:`RayLauncher.refresh`).
+    """
+
+    name: str
+    spec: ServerSpec
+    host: str
+    port: int
+    url: str
+    pid: int
+    node_id: str
+    log_path: str
+    restarts: int = 0
+    _status: str = field(default="running", repr=False)
+    _actor: Any = field(default=None, repr=False)
+
+    @property
+    def status(self) -> str:
+        """``running``, ``exited``, ``failed`` or ``stopped``, as of the last :meth:`RayLauncher.refresh`."""
+        return self._status
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of its log (read on its node; credentials masked)."""
+        import ray
+
+        return ray.get(self._actor.log_tail.remote(lines), timeout=30)
+
+
+class RayLauncher:
+    """Starts resources servers on Ray cluster nodes; the surface of :class:`~nemo_gym_env.launch.Launcher`.
+
+    Args:
+        address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`); None joins the one
+            this process is connected to, ``RAY_ADDRESS``, or ``ray.init()``'s default.
+        host: Address the servers bind on their nodes; default: each node's IP address.
+        num_cpus: CPUs each server's actor reserves (0: servers do not count against the
+            CPUs that workers and tasks need; placement is by ``strategy``).
+        strategy: Where servers go: ``"round_robin"`` (default: the alive nodes in turn, by
+            node id), or any Ray scheduling
+            strategy for the server actors (``"SPREAD"``, ``"DEFAULT"``, a strategy object).
+        ready_timeout_s: How long a server may take to answer ``GET /``.
+        auto_restart: Restart a server that exits, on the same node and port.
+        call_timeout_s: Timeout of each call to a server's actor.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        host: str | None = None,
+        num_cpus: float = 0.0,
+        strategy: Any = "round_robin",
+        ready_timeout_s: float = 120.0,
+        auto_restart: bool = True,
+        call_timeout_s: float = 180.0,
+    ):
+        self.gcs_address = connect(address)
+        self.host = host
+        self.num_cpus = num_cpus
+        self.strategy = strategy
+        self.ready_timeout_s = ready_timeout_s
+        self.auto_restart = auto_restart
+        self.call_timeout_s = call_timeout_s
+        self._servers: dict[str, RayServer] = {}
+        self._closed = False
+        self._turn = 0
+
+    # ---- the Launcher surface ----------------------------------------------------------------
+
+    @property
+    def servers(self) -> dict[str, RayServer]:
+        """The servers started and not stopped, by instance name (a copy)."""
+        return dict(self._servers)
+
+    def start(self, spec: ServerSpec, *, host: str | None = None, port: int | None = None,
+              node_id: str | None = None) -> RayServer:
+        """Start one server on the cluster and wait until it answers ``GET /``.
+
+        Args:
+            spec: The server to start.
+            host: Address to bind on its node (default: the launcher's ``host``, else the node's IP).
+            port: Port to bind (default: the spec's, else a free one).
+            node_id: Pin it to this Ray node (default: placed by ``strategy``).
+
+        Raises:
+            LaunchError: It could not be started (the message carries its log tail).
+        """
+        return self.start_all([spec], host=host, port=port, node_id=node_id)[0]
+
+    def start_all(self, specs: Iterable[ServerSpec], *, host: str | None = None, port: int | None = None,
+                  node_id: str | None = None) -> list[RayServer]:
+        """Start several servers in parallel; if any fails, those started by this call are stopped."""
+        ray = import_ray()
+        if self._closed:
+            raise LaunchError("this RayLauncher is closed; create a new one")
+        specs = [self._with_address(spec) for spec in specs]
+        for spec in specs:
+            if spec.instance_name in self._servers:
+                raise LaunchError(f"server {spec.instance_name!r} is already running at "
+                                  f"{self._servers[spec.instance_name].url}; stop it first")
+        actors = [self._actor(node_id) for _ in specs]
+        calls = [a.start.remote(s, host or self.host, port) for a, s in zip(actors, specs)]
+        started: list[RayServer] = []
+        try:
+            for actor, spec, call in zip(actors, specs, calls):
+                try:
+                    info = ray.get(call, timeout=self.ready_timeout_s + 60)
+                except Exception as exc:  # noqa: BLE001 - any failure of the remote start is a LaunchError
+                    raise LaunchError(f"server {spec.instance_name!r} could not be started on the Ray cluster: "
+                                      f"{_remote_message(exc)}") from None
+                started.append(RayServer(spec.instance_name, spec, info["host"], info["port"], info["url"],
+                                         info["pid"], info["node_id"], info["log_path"], _actor=actor))
+        except BaseException:
+            for actor in actors:
+                _kill(ray, actor)
+            raise
+        for server in started:
+            self._servers[server.name] = server
+            logger.info("server %r on node %s at %s", server.name, server.node_id[:12], server.url)
+        return started
+
+    def restart(self, name: str) -> RayServer:
+        """Restart a server on its node and port."""
+        ray = import_ray()
+        server = self._get(name)
+        info = ray.get(server._actor.restart.remote(), timeout=self.ready_timeout_s + 60)
+        server.pid, server.restarts, server._status = info["pid"], info["restarts"], "running"
+        return server
+
+    def refresh(self) -> dict[str, RayServer]:
+        """Ask every server's actor how its server is doing; a lost actor (its node died) reads ``failed``."""
+        ray = import_ray()
+        for server in self._servers.values():
+            try:
+                info = ray.get(server._actor.status.remote(), timeout=self.call_timeout_s)
+            except Exception:  # noqa: BLE001 - a dead actor or node
+                server._status = "failed"
+                continue
+            server._status, server.restarts, server.pid = info["status"], info["restarts"], info["pid"] or server.pid
+        return self.servers
+
+    def stop(self, name: str | None = None, timeout_s: float = 10.0) -> None:
+        """Stop one server (``name``) or all; their actors go with them.
+
+        Raises:
+            KeyError: ``name`` is not a server of this launcher.
+        """
+        ray = import_ray()
+        if name is None:
+            servers = list(self._servers.values())
+            self._servers.clear()
+        else:
+            if name not in self._servers:
+                raise KeyError(f"no server named {name!r} in this RayLauncher; running: {sorted(self._servers) or 'none'}")
+            servers = [self._servers.pop(name)]
+        stops = [s._actor.stop.remote() for s in servers]
+        try:
+            ray.wait(stops, num_returns=len(stops), timeout=timeout_s)
+        finally:
+            for server in servers:
+                server._status = "stopped"
+                _kill(ray, server._actor)
+
+    def close(self) -> None:
+        """Stop every server; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            if self._servers:
+                self.stop()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RayLauncher(servers={sorted(self._servers)}, cluster={self.gcs_address!r})"
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _get(self, name: str) -> RayServer:
+        if name not in self._servers:
+            raise LaunchError(f"no server named {name!r} in this RayLauncher; running: {sorted(self._servers) or 'none'}")
+        return self._servers[name]
+
+    def _with_address(self, spec: ServerSpec) -> ServerSpec:
+        if spec.server_type != "resources_servers" or spec.config.get(RAY_ADDRESS_KEY):
+            return spec
+        return replace(spec, config={**spec.config, RAY_ADDRESS_KEY: self.gcs_address})
+
+    def _actor(self, node_id: str | None) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = self.strategy
+        if node_id is not None:
+            strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        elif strategy == "round_robin":
+            # Ray's SPREAD (and soft node affinity) is best effort and stacked zero-CPU actors in our
+            # tests: pin each server to the next alive node.
+            nodes = sorted(n["NodeID"] for n in import_ray().nodes() if n["Alive"])
+            strategy = NodeAffinitySchedulingStrategy(node_id=nodes[self._turn % len(nodes)], soft=False)
+            self._turn += 1
+        return _host_class().options(num_cpus=self.num_cpus, scheduling_strategy=strategy,
+                                     max_restarts=0).remote(self.ready_timeout_s, self.auto_restart)
+
+
+def _remote_message(exc: BaseException) -> str:
+    """The useful part of an error raised inside an actor (Ray wraps it with a long traceback)."""
+    cause = getattr(exc, "cause", None)
+    return str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"
+
+
+def _kill(ray: Any, actor: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone
+        ray.kill(actor, no_restart=True)

@@ -1,0 +1,1 @@
+"""Interoperability with the real NVIDIA NeMo Gym (see conftest.py and docs/porting.md)."""

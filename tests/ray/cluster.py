@@ -1,0 +1,144 @@
+"""A two-node Ray cluster on this machine, for tests: a head node and a worker node, each its own process group.
+
+Each node is ``ray start ... --block`` in a new session, so stopping a node is a signal to
+its process group: this cluster's processes only, never another Ray on the same machine
+(``ray stop --force`` would kill every Ray process of the user). Token authentication uses
+a token made for this cluster (``RAY_AUTH_TOKEN``), handed to the nodes and to this process.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cluster_env() -> dict[str, str]:
+    """Environment of the nodes (and of this process, set before ``ray`` is imported)."""
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
+
+
+@dataclass
+class LocalCluster:
+    """A head node and worker nodes started with ``ray start --block`` on 127.0.0.1, 1 CPU each."""
+
+    address: str = ""
+    temp_dir: str = ""
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ngeray_logs_")))
+    nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, workers: int = 1, timeout_s: float = 180.0) -> LocalCluster:
+        cluster = cls(temp_dir=tempfile.mkdtemp(prefix="ngr", dir="/tmp"))  # short: Ray's socket paths are limited
+        port = _free_port()
+        cluster.address = f"127.0.0.1:{port}"
+        try:
+            cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
+                                   f"--temp-dir={cluster.temp_dir}"])
+            cluster._wait_port(port, timeout_s)
+            for n in range(workers):
+                cluster.add_worker(f"worker{n}")
+            cluster.wait_nodes(1 + workers, timeout_s)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def add_worker(self, name: str) -> subprocess.Popen:
+        return self._node(name, [f"--address={self.address}"])
+
+    def _node(self, name: str, args: list[str]) -> subprocess.Popen:
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--num-cpus=1",
+                   "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the node writes it until stopped
+        process = subprocess.Popen(command, env={**os.environ, **cluster_env()}, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.nodes.append(process)
+        return process
+
+    def _wait_port(self, port: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if self.nodes[0].poll() is not None:
+                    raise RuntimeError(f"the Ray head exited: {self.log_tail('head')}") from None
+                time.sleep(0.2)
+        raise TimeoutError(f"the Ray head did not listen within {timeout_s:g} s: {self.log_tail('head')}")
+
+    def wait_nodes(self, count: int, timeout_s: float = 120.0) -> None:
+        """Wait until ``count`` nodes are alive (connects this process to the cluster)."""
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, log_to_driver=False)
+        deadline = time.monotonic() + timeout_s
+        while sum(1 for node in ray.nodes() if node["Alive"]) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{count} Ray nodes not alive within {timeout_s:g} s")
+            time.sleep(0.5)
+
+    def kill_node(self, process: subprocess.Popen) -> None:
+        """SIGKILL a node's whole process group: the node dies as a lost machine would."""
+        _signal_group(process, signal.SIGKILL)
+        process.wait(30)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop every node this cluster started: SIGTERM its group, SIGKILL what is left after 10 s."""
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except ImportError:
+            pass
+        for process in reversed(self.nodes):
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in reversed(self.nodes):
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process, signal.SIGKILL)  # stragglers of the group (workers, agents)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.nodes.clear()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)  # the node's own session: only this cluster's processes
+    except (ProcessLookupError, PermissionError):
+        pass

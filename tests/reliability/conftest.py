@@ -1,0 +1,164 @@
+"""Shared pieces of the reliability suite: fixture servers, figures, process helpers.
+
+Every test that measures something records it with the ``figures`` fixture; the figures are
+printed at the end of the run and, with ``NEMO_GYM_ENV_FIGURES=path.json``, written there
+(docs/reliability.md is written from such a file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym_env.config import ServerSpec, load_config, server_specs
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES_YAML = FIXTURES / "configs" / "reliability.yaml"
+FIGURES_ENV = "NEMO_GYM_ENV_FIGURES"
+SOAK_ENV = "NEMO_GYM_ENV_SOAK"
+
+_FIGURES: list[dict[str, Any]] = []
+
+
+class Figures:
+    """Records ``(test, name) -> value`` figures of one test."""
+
+    def __init__(self, test: str):
+        self.test = test
+
+    def record(self, name: str, value: Any, unit: str = "") -> Any:
+        _FIGURES.append({"test": self.test, "name": name, "value": value, "unit": unit})
+        return value
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Figures:
+    return Figures(request.node.nodeid.split("::", 1)[-1])
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for fig in _FIGURES:
+        value = fig["value"]
+        text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) if not isinstance(value, str) else value
+        terminalreporter.write_line(f"{fig['test']}: {fig['name']} = {text} {fig['unit']}".rstrip())
+    path = os.environ.get(FIGURES_ENV)
+    if path:
+        existing = json.loads(Path(path).read_text()) if Path(path).is_file() else []
+        keys = {(f["test"], f["name"]) for f in _FIGURES}
+        merged = [f for f in existing if (f["test"], f["name"]) not in keys] + _FIGURES
+        Path(path).write_text(json.dumps(merged, indent=1) + "\n")
+
+
+# ---- fixture servers ------------------------------------------------------------------------------
+
+
+def fixture_specs() -> dict[str, ServerSpec]:
+    """The fixture servers of fixtures/configs/reliability.yaml, by instance name."""
+    return {s.instance_name: s for s in server_specs(load_config([FIXTURES_YAML], env_yaml=None))}
+
+
+def with_config(spec: ServerSpec, **config: Any) -> ServerSpec:
+    """``spec`` with extra config keys."""
+    import dataclasses
+
+    return dataclasses.replace(spec, config={**spec.config, **config})
+
+
+def tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "function", "name": name, "description": name, "strict": False,
+            "parameters": {"type": "object", "properties": properties or {}, "required": []}}
+
+
+FAULTY_TOOLS = [tool("effect", {"nonce": {"type": "string"}}), tool("ok"), tool("hang"),
+                tool("slow", {"seconds": {"type": "number"}})]
+
+
+def faulty_row(**extra: Any) -> dict[str, Any]:
+    """A task row for the faulty fixture server."""
+    return {"responses_create_params": {"input": "exercise the server", "tools": FAULTY_TOOLS}, **extra}
+
+
+def call(name: str, arguments: dict[str, Any] | None = None, call_id: str = "c0") -> dict[str, Any]:
+    """A ``function_call`` item."""
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments or {})}
+
+
+def answer(text: str = "done") -> dict[str, Any]:
+    """A final assistant message (ends the episode)."""
+    return {"type": "message", "role": "assistant", "content": text}
+
+
+# ---- processes and numbers -------------------------------------------------------------------------
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it is truthy or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval_s)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``values``."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def soak() -> bool:
+    """Whether the long soak variants run (``NEMO_GYM_ENV_SOAK=1``, by hand)."""
+    return os.environ.get(SOAK_ENV) == "1"
+
+
+@pytest.fixture(scope="module")
+def faulty_server() -> Iterator[Any]:
+    """One faulty fixture server for a test module (not restarted)."""
+    from nemo_gym_env.launch import Launcher
+
+    with Launcher(ready_timeout_s=60) as launcher:
+        yield launcher.start(fixture_specs()["rel_faulty"])
+
+
+def counts(url: str) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(f"{url}/_counts", timeout=10, trust_env=False).json()
+
+
+def arm(url: str, route: str | None = None, modes: list[str] | None = None, reset: bool = False) -> None:
+    import httpx
+
+    order = {"route": route, "modes": modes or [], "reset": reset}
+    assert httpx.post(f"{url}/_arm", json=order, timeout=10, trust_env=False).status_code == 200
