@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         title="vector env throughput vs server saturation (same run)",
     )
     results = {
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(settings).items()},
+        "settings": {k: (v.name if isinstance(v, Path) else v) for k, v in vars(settings).items()},
         "server": harness.SERVER,
         "saturation_sweep": sweep,
         "load_concurrency": best,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from nemo_gym_env.config import (
     to_yaml,
 )
 
-REAL_NG_CONFIG = Path("/tmp/ng/whl/resources_servers/example_multi_step/configs/example_multi_step.yaml")
+REAL_NG_CONFIG = Path(os.environ.get("NEMO_GYM_WHEEL_DIR", "/nonexistent")) / "resources_servers/example_multi_step/configs/example_multi_step.yaml"
 
 EXAMPLE_YAML = """\
 policy_base_url: ???
@@ -355,7 +356,7 @@ def test_unknown_server_type() -> None:
         server_specs(DictConfig({}), "models")
 
 
-@pytest.mark.skipif(not REAL_NG_CONFIG.exists(), reason="NeMo Gym wheel not unpacked at /tmp/ng/whl")
+@pytest.mark.skipif(not REAL_NG_CONFIG.exists(), reason="set NEMO_GYM_WHEEL_DIR to an unpacked NeMo Gym wheel")
 def test_real_nemo_gym_config() -> None:
     cfg = load_config([REAL_NG_CONFIG])
     (spec,) = server_specs(cfg)
