@@ -29,7 +29,7 @@ How it works, and why:
   Without it, the parent closes its copy once the server is ready, so a dead server refuses
   connections at once instead of leaving clients hanging.
 - **Secrets.** Every launch gets a fresh session-signing secret through the environment
-  variable :data:`~nemo_gym_env.server.SESSION_SECRET_ENV`; it is never logged.
+  variable :data:`~nemo_gym_env.sessions.SESSION_SECRET_ENV`; it is never logged.
 
 ``num_workers > 1`` runs uvicorn's multi-process supervisor on the same socket; each worker
 rebuilds the app from the entrypoint file. Session state lives in each worker's memory, so a
@@ -64,7 +64,7 @@ from typing import Any, Self
 import httpx
 
 from .config import ServerSpec, redact
-from .server import SESSION_SECRET_ENV
+from .sessions import SESSION_SECRET_ENV
 
 __all__ = [
     "SERVER_ENV",

@@ -50,7 +50,7 @@ from pydantic_core import PydanticSerializationError
 from starlette.middleware.sessions import SessionMiddleware
 
 from .metrics import aggregate_metrics
-from .sessions import SessionStore
+from .sessions import SESSION_SECRET_ENV, SessionStore
 from .types import (
     AggregateMetrics,
     AggregateMetricsRequest,
@@ -83,9 +83,6 @@ logger = logging.getLogger("nemo_gym_env.server")
 
 SESSION_ID_KEY = "session_id"
 """Key of the session id inside the signed cookie, as in NeMo Gym."""
-
-SESSION_SECRET_ENV = "NEMO_GYM_ENV_SESSION_SECRET"
-"""Environment variable through which a launcher hands all workers of one server the same secret."""
 
 RESERVED_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "openapi.json", "docs", "redoc"})
 """Route names that are not tools."""

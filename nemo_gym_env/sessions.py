@@ -9,7 +9,10 @@ from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
-__all__ = ["SessionStore"]
+__all__ = ["SESSION_SECRET_ENV", "SessionStore"]
+
+SESSION_SECRET_ENV = "NEMO_GYM_ENV_SESSION_SECRET"
+"""Environment variable through which a launcher hands all workers of one server the same secret."""
 
 
 class SessionStore(MutableMapping[str, V], Generic[V]):
