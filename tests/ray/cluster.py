@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,6 +136,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 pass
         self.nodes.clear()
+        for folder in (self.temp_dir, self.log_dir):  # Ray's session files and the nodes' logs
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
