@@ -809,7 +809,14 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse fills a nargs="*" positional once, so names and +key=value overrides written
+    # after an option come back as leftovers: they belong to the command's targets.
+    args, leftovers = parser.parse_known_args(argv)
+    if leftovers:
+        if hasattr(args, "targets") and not any(item.startswith("-") for item in leftovers):
+            args.targets = [*(args.targets or []), *leftovers]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(leftovers)}")
     debug = bool(getattr(args, "debug", False))
     args.debug = debug
     logging.basicConfig(

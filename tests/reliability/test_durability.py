@@ -134,12 +134,6 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pat
     figures.record("servers left running by a killed parent", 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cli.py defect: Hydra overrides (+key=value) after an option are refused ('unrecognized "
-    "arguments') because argparse fills the nargs='*' positional once; the README's "
-    "`nemo-gym-env config example_multi_step +key=value` works only with every override "
-    "before the first option. Fix: collect leftover override-shaped arguments from "
-    "parse_known_args into args.targets."))
 def test_overrides_after_options_are_accepted():
     result = run_cli("config", "example_single_tool_call", "--no-env-yaml", "+policy_model_name=m")
     assert result.returncode == 0, result.stderr
