@@ -93,7 +93,7 @@ TASK_KEY = "nemo_gym_task"
 """Key of the task row (JSON) on the first message of every prompt :func:`tasks_dataset` writes."""
 
 _RESERVED_FIELDS = frozenset({
-    "prompt", "prompts", "completion", "completions", "completion_ids", "task", "trainer_state",
+    "prompt", "prompts", "completion", "completions", "completion_ids", "task", "task_index", "trainer_state",
     "log_extra", "log_metric", "environments", "prompt_ids", "logprobs", "env_mask", "env_reward",
     "num_turns", "truncated", "env_error",
 })
@@ -531,7 +531,12 @@ class NemoGymRollout:
         if leftover:
             loop.run(self._finish_all(leftover))
         self.last_rows = rows
-        return self._columns(rows, tokenizer, eos)
+        columns = self._columns(rows, tokenizer, eos)
+        failed = [error for error in columns["env_error"] if error is not None]
+        if failed:
+            log.warning("%s: %d of %d episodes failed and are masked out (first: %s)", self.env_id, len(failed),
+                        len(rows), failed[0])
+        return columns
 
     # ---- internals -------------------------------------------------------------------------
 

@@ -505,8 +505,16 @@ class ResourcesClient:
         return await self.post_json("/seed_session", row, jar, task_index=task_index)
 
     async def call_tool(self, name: str, arguments: Any, jar: CookieJar, *, task_index: int | None = None) -> str:
-        """``POST /<name>``; the raw reply body, even a 4xx/5xx one, is the tool output the model sees."""
+        """``POST /<name>``; the raw reply body, even a 4xx/5xx one, is the tool output the model sees.
+
+        Raises:
+            ServerError: on ``410 Gone``: the server no longer has this episode's session (it
+                restarted, or the session expired), so the episode cannot go on.
+        """
         reply = await self.post_raw(f"/{name}", arguments, jar, task_index=task_index)
+        if reply.status_code == 410:
+            raise ServerError(f"session lost: {reply.text[:300]}", server=self.base_url, route=f"/{name}",
+                              task_index=task_index, status_code=410)
         return reply.text
 
     async def verify(self, body: dict[str, Any], jar: CookieJar, *, task_index: int | None = None) -> dict[str, Any]:

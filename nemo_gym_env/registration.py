@@ -19,6 +19,12 @@ GENERIC_ID = f"{NAMESPACE}/Generic-v0"
 ENTRY_POINT = "nemo_gym_env.env:NemoGymEnv"
 VECTOR_ENTRY_POINT = "nemo_gym_env.vector:NemoGymVectorEnv"
 
+NONDETERMINISTIC = frozenset({"code_gen"})
+"""Bundled servers whose verdict depends on more than the seed and the actions: code_gen runs
+the program under wall-clock limits (a solution near its time limit passes on an idle machine
+and fails on a loaded one) and reports the time its tests took. Their ids carry
+``nondeterministic=True``, the flag Gymnasium's checker reads."""
+
 
 def env_id(server: str) -> str:
     """The Gymnasium id of a bundled server, e.g. ``NemoGym/example_multi_step-v0``."""
@@ -38,5 +44,6 @@ def register_envs() -> list[str]:
             entry_point=ENTRY_POINT,
             vector_entry_point=VECTOR_ENTRY_POINT,
             kwargs={} if name is None else {"server": name},
+            nondeterministic=name in NONDETERMINISTIC,
         )
     return ids

@@ -21,7 +21,9 @@ A server subclasses :class:`SimpleResourcesServer`, registers its tools in
 
 What differs from NeMo Gym, on purpose and invisibly to clients: the session cookie is
 signed with a per-launch random secret (NeMo Gym derives it from the class name, so anyone
-can forge one); per-session state lives in a bounded :class:`SessionStore` freed after
+can forge one), and a route that asks for the session id of a request whose cookie this
+launch did not sign (forged, expired, or from before a restart) gets ``410 Gone`` rather than
+a new, empty session that would be scored as if the episode had happened there; per-session state lives in a bounded :class:`SessionStore` freed after
 ``/verify``; a verifier that raises gives reward 0 with ``failure_reason`` instead of a 500;
 bodies over ``max_body_bytes`` are refused with 413 before they are read whole; bad bodies
 get a 4xx whose ``error`` names the route and the field.
@@ -66,6 +68,7 @@ __all__ = [
     "SESSION_SECRET_ENV",
     "RESERVED_ROUTES",
     "BaseResourcesServerConfig",
+    "SessionLostError",
     "SimpleResourcesServer",
     # Re-exported from .types so that a NeMo Gym server ports by renaming the modules it
     # imports from (``nemo_gym.base_resources_server`` and ``nemo_gym.server_utils`` both
@@ -162,7 +165,14 @@ class SimpleResourcesServer(BaseModel):
 
     @staticmethod
     def session_id(request: Request) -> str:
-        """The session id of a request (always present: assigned on first contact)."""
+        """The session id of a request (assigned on first contact).
+
+        Raises:
+            SessionLostError: the request carries a session cookie this launch did not sign
+                (forged, expired, or issued before the server restarted): its state is gone.
+                The route answers ``410 Gone``. ``request.session[SESSION_ID_KEY]``, as NeMo
+                Gym servers write it, raises the same.
+        """
         return request.session[SESSION_ID_KEY]
 
     def release_session(self, session_id: str) -> None:
@@ -240,6 +250,8 @@ def _guard_verify(verify: Any) -> Any:
         body = next((v for v in kwargs.values() if isinstance(v, BaseVerifyRequest)), None)
         try:
             result = await verify(*args, **kwargs)
+        except SessionLostError:
+            raise  # not the verifier's fault: this episode's state is gone, there is nothing to score
         except Exception as exc:  # a verifier bug must not fail a training batch
             logger.error("verify raised: %s", traceback.format_exc())
             return _zero_reward(body, "verifier_error", f"{type(exc).__name__}: {exc}")
@@ -273,6 +285,10 @@ def _install_error_handlers(app: FastAPI, server: SimpleResourcesServer) -> None
         detail = [{k: e.get(k) for k in ("type", "loc", "msg")} for e in errors[:20]]
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
 
+    @app.exception_handler(SessionLostError)
+    async def _session_lost(request: Request, exc: SessionLostError) -> JSONResponse:
+        return JSONResponse({"error": f"{server_name}: POST {request.url.path}: {exc}"}, status_code=410)
+
     @app.exception_handler(RecursionError)
     async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
         return JSONResponse(
@@ -302,12 +318,56 @@ def _install_error_handlers(app: FastAPI, server: SimpleResourcesServer) -> None
         return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
 
 
+class SessionLostError(Exception):
+    """The request's session cookie was not signed by this launch of the server; answered 410."""
+
+    def __str__(self) -> str:
+        return ("the session cookie was not issued by this launch of the server (the server restarted, "
+                "the session expired, or the cookie is forged): this session's state is gone. "
+                "Start a new episode with POST /seed_session.")
+
+
+class _LostSession(dict):
+    """``request.session`` of a request whose cookie did not verify: asking for the id raises.
+
+    It stays empty, so no new cookie is sent: every later request of that client meets the
+    same 410 instead of silently landing in a fresh session.
+    """
+
+    accessed = False  # read by Starlette's SessionMiddleware (>= 1.0) when it answers
+    modified = False
+
+    def __getitem__(self, key: Any) -> Any:
+        if key == SESSION_ID_KEY:
+            raise SessionLostError(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key == SESSION_ID_KEY:
+            raise SessionLostError(key)
+        return super().get(key, default)
+
+
+def _carries_cookie(scope: dict, name: str) -> bool:
+    """Whether the request sent a cookie called ``name`` (whatever its value)."""
+    wanted = name.encode("latin-1")
+    for header, value in scope.get("headers", ()):
+        if header == b"cookie" and any(part.split(b"=", 1)[0].strip() == wanted for part in value.split(b";")):
+            return True
+    return False
+
+
 class _SessionIdMiddleware:
-    """Pure ASGI: make sure the signed session holds an id; free it once ``/verify`` answered."""
+    """Pure ASGI: make sure the signed session holds an id; free it once ``/verify`` answered.
+
+    A request without a session cookie, or any ``/seed_session``, gets a new id. A request whose
+    cookie did not verify (SessionMiddleware left the session empty) gets a :class:`_LostSession`.
+    """
 
     def __init__(self, app: Any, server: SimpleResourcesServer):
         self.app = app
         self.server = server
+        self.cookie_name = server.session_cookie_name()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -316,6 +376,10 @@ class _SessionIdMiddleware:
         session = scope.setdefault("session", {})
         session_id = session.get(SESSION_ID_KEY)
         if not isinstance(session_id, str):
+            if scope.get("path") != "/seed_session" and _carries_cookie(scope, self.cookie_name):
+                scope["session"] = _LostSession()
+                await self.app(scope, receive, send)
+                return
             session_id = str(uuid.uuid4())
             scope.setdefault("state", {})["new_session"] = True
         # Always assign, so the cookie is (re)sent on every reply, as NeMo Gym clients expect.

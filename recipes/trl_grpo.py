@@ -126,7 +126,7 @@ def main(cfg: DictConfig) -> None:
 
     import nemo_gym_env  # noqa: F401  (registers the NemoGym/* ids)
     from nemo_gym_env.adapters.trl import env_reward, nemo_gym_rollout_func, tasks_dataset
-    from nemo_gym_env.policies.models import default_model_dir
+    from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 
     if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
         raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "
@@ -224,7 +224,7 @@ def main(cfg: DictConfig) -> None:
         print(f"mean reward: first {len(first)} steps {mean(first):.3f}, last {len(last)} steps {mean(last):.3f}; "
               f"{sum(seconds) / len(seconds):.1f} s/step")
     if args.plot and metrics:
-        plot_rewards(metrics, args.plot, f"GRPO on {args.env} ({Path(model_path).name})")
+        plot_rewards(metrics, args.plot, f"GRPO on {args.env} ({args.model or DEFAULT_MODEL_NAME})")
         print(f"reward curve: {args.plot}")
 
 

@@ -40,6 +40,26 @@ def test_check_env_passes_on_every_registered_id(server):
         env.close()
 
 
+def test_code_gen_differs_between_runs_only_in_its_timing():
+    """code_gen's id is flagged nondeterministic (wall-clock limits), so check_env skips its
+    step-determinism check; everything but the measured time must still repeat exactly."""
+    assert gym.spec(nemo_gym_env.env_id("code_gen")).nondeterministic
+    assert not gym.spec(nemo_gym_env.env_id("math")).nondeterministic
+    env = gym.make(nemo_gym_env.env_id("code_gen"))
+    try:
+        results = []
+        for action in (scripted("code_gen")(env.unwrapped.rows[0], [], correct=True), "no code here"):
+            for _ in range(2):
+                obs, _ = env.reset(seed=7, options={"task_index": 0})
+                obs, reward, terminated, truncated, info = env.step(action)
+                assert isinstance(info.pop("unit_tests_time_taken"), float)
+                results.append((obs, reward, terminated, truncated, info))
+        assert results[0] == results[1] and results[2] == results[3]
+        assert results[0][1] == 1.0 and results[2][1] == 0.0
+    finally:
+        env.close()
+
+
 def test_every_bundled_server_has_a_registered_id():
     for server in BUNDLED:
         assert nemo_gym_env.env_id(server) in gym.registry

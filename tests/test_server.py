@@ -91,8 +91,9 @@ def test_forged_cookies_reach_no_state(server, client):
     for secret in ("CounterServer___counter", "", "secret"):
         forged = TimestampSigner(secret or "x").sign(payload).decode()
         with TestClient(server.build_app(), cookies={"CounterServer___counter": forged}) as attacker:
-            assert attacker.post("/add", json={"count": 100}).json() == {"count": 100}
-    assert server.sessions[victim] == 3
+            refused = attacker.post("/add", json={"count": 100})
+            assert refused.status_code == 410 and "session" in refused.json()["error"]
+    assert dict(server.sessions) == {victim: 3}
 
 
 def test_a_cookie_from_another_launch_is_refused(server, client):
@@ -100,6 +101,12 @@ def test_a_cookie_from_another_launch_is_refused(server, client):
     cookie = client.cookies["CounterServer___counter"]
     relaunched = CounterServer.from_config({}, name="counter")  # same class and name, new secret
     with TestClient(relaunched.build_app(), cookies={"CounterServer___counter": cookie}) as replay:
+        refused = replay.post("/add", json={"count": 1})
+        assert refused.status_code == 410 and "set-cookie" not in refused.headers
+        assert len(relaunched.sessions) == 0
+        # A route that keeps no state still answers, and /seed_session starts a new session.
+        assert replay.get("/").status_code == 200
+        assert replay.post("/seed_session", json=ROW).status_code == 200
         assert replay.post("/add", json={"count": 1}).json() == {"count": 1}
 
 

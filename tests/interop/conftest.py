@@ -6,7 +6,7 @@ python is ``$NEMO_GYM_INTEROP_PYTHON``, else ``<venv>/bin/python`` with ``<venv>
 that need NeMo Gym skip and say how to make it; with ``NEMO_GYM_INTEROP_REQUIRED=1`` (CI)
 they fail instead. ``test_porting.py`` needs no NeMo Gym and always runs.
 
-One ``ng_run`` serves the whole session (:func:`ng_stack`): NeMo Gym's own
+One ``ng_run`` serves all of tests/interop (:func:`ng_stack`, stopped when they are done): NeMo Gym's own
 example_single_tool_call, example_multi_step, example_session_state_mgmt and mcqa servers,
 the port fixture unmodified, and NeMo Gym's simple_agent in front of each of our bundled
 servers (which our launcher started: the ``launched`` fixture) with NeMo Gym's openai_model
@@ -78,13 +78,13 @@ def our_player(server: str) -> Any:
 # ---- the port fixture on our side (no NeMo Gym needed) ------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ported_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the fixture server folder whose app.py imports nemo_gym_env instead of nemo_gym."""
     return port_folder(FIXTURE, tmp_path_factory.mktemp("port") / "ng_style_server")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ported_url(ported_server: Path) -> Iterator[str]:
     """The ported server, launched by our Launcher from its (NeMo Gym format) YAML."""
     from nemo_gym_env.config import load_config, server_specs
@@ -147,7 +147,7 @@ def their_rows_path(ng_site_packages: Path, server: str) -> Path:
     return ng_site_packages / "resources_servers" / server / "data" / "example.jsonl"
 
 
-# ---- the one ng_run of the session --------------------------------------------------------------
+# ---- the one ng_run of tests/interop --------------------------------------------------------------
 
 
 @dataclass
@@ -223,7 +223,7 @@ def _our_config(our_urls: dict[str, str], model_base_url: str) -> tuple[dict[str
     return config, local
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ng_stack(ng_python: Path, ng_site_packages: Path, launched: dict[str, str],
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[NgStack]:
     """Start everything the NeMo Gym side needs with one ``ng_run``; stop it at the end."""

@@ -135,5 +135,7 @@ def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pat
 
 
 def test_overrides_after_options_are_accepted():
+    """Found while writing this suite: overrides after an option were refused ("unrecognized
+    arguments"), since argparse fills the ``nargs="*"`` positional once; fixed in cli.py."""
     result = run_cli("config", "example_single_tool_call", "--no-env-yaml", "+policy_model_name=m")
     assert result.returncode == 0, result.stderr

@@ -206,18 +206,9 @@ def test_server_killed_under_cli_rollouts_fails_only_its_rollouts(tmp_path, figu
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "server.py/episode.py defect: session state that died with a restarted server is silently "
-    "replaced. The new process has a new signing secret, so the episode's cookie no longer "
-    "verifies and the server opens a fresh, empty session: the counter reads 0 and the episode "
-    "ends terminated with reward 0.0, a wrong training signal, instead of truncated with "
-    "info['error']. Fix: SimpleResourcesServer.session_id() answers 4xx to a request whose "
-    "session cookie this launch did not sign (routes that keep no state never ask for the id, "
-    "so stateless servers are unaffected); /verify then fails, which the Episode already turns "
-    "into truncated with info['error']. Left to the owners: tests/test_server.py, the counter "
-    "server's tests, tests/interop and docs/porting.md specify that a forged cookie opens a "
-    "new, empty session."))
 def test_an_episode_whose_session_state_died_with_the_server_is_truncated():
+    """The restarted process signs with a new secret, so the episode's cookie is refused (410)
+    rather than opening a new, empty session whose reward 0 would look like a real verdict."""
     server = "example_session_state_mgmt"
     play = scripted(server)
     with Launcher(auto_restart=True, ready_timeout_s=60) as launcher:
@@ -236,7 +227,8 @@ def test_an_episode_whose_session_state_died_with_the_server_is_truncated():
             if terminated or truncated:
                 break
         env.close()
-    assert truncated and "error" in info, f"ended terminated={terminated} with reward {reward}: {info}"
+    assert truncated and not terminated and "session lost" in info.get("error", ""), \
+        f"ended terminated={terminated} with reward {reward}: {info}"
 
 
 # ---- a server that hangs ----------------------------------------------------------------------------

@@ -72,8 +72,13 @@ def _forge(session_id: str, secret: str) -> str:
     return itsdangerous.TimestampSigner(secret).sign(payload).decode()
 
 
-def _count(url: str, name: str, value: str) -> int:
+def _count(url: str, name: str, value: str) -> int | None:
+    """The counter a cookie reaches; None when the server refuses the cookie (410: not its session)."""
     reply = httpx.post(f"{url}/get_counter_value", json={}, cookies={name: value}, timeout=10, trust_env=False)
+    if reply.status_code == 410:
+        assert "set-cookie" not in reply.headers  # no new session handed to the holder of a bad cookie
+        return None
+    assert reply.status_code == 200, reply.text
     return reply.json()["count"]
 
 
@@ -103,24 +108,27 @@ def test_forged_and_replayed_cookies_reach_no_state(figures):
             "victim's cookie with another payload, same signature": base64.b64encode(
                 json.dumps({"session_id": str(uuid.uuid4())}).encode()).decode() + "." + victim.split(".", 1)[1],
         }
-        reached = {}
+        reached, refused = {}, {}
         for what, value in attacks.items():
             count = _count(a.url, name, value)
-            httpx.post(f"{a.url}/increment_counter", json={"count": 1000}, cookies={name: value}, timeout=10)
-            reached[what] = count != 0
+            write = httpx.post(f"{a.url}/increment_counter", json={"count": 1000}, cookies={name: value}, timeout=10)
+            reached[what] = count is not None or write.status_code != 410
+            refused[what] = count is None and write.status_code == 410
         # The genuine cookie replayed on the other launch reaches nothing there either.
-        assert _count(b.url, name, victim) == 0
+        assert _count(b.url, name, victim) is None
         assert _count(b.url, name, other_launch[1]) == 1000
         assert _count(a.url, name, victim) == 12, "an attacker changed the victim's counter"
         verify_body = {**row, "initial_count": 7, "expected_count": 12,
                        "response": make_response([]).model_dump(mode="json", exclude_none=True)}
         forged_verify = httpx.post(f"{a.url}/verify", json=verify_body, cookies={name: _forge(victim_id, name)},
-                                   timeout=10).json()
-        assert forged_verify["reward"] == 0.0 and forged_verify["failure_reason"].startswith("no session state")
+                                   timeout=10)
+        assert forged_verify.status_code == 410, forged_verify.text
         assert httpx.post(f"{a.url}/verify", json=verify_body, cookies={name: victim}, timeout=10).json()["reward"] == 1.0
     assert not any(reached.values()), [k for k, v in reached.items() if v]
+    assert all(refused.values())
     figures.record("attacks tried (each: read, then write the counter)", len(attacks) + 1)
     figures.record("attacks that reached the victim's state", sum(reached.values()))
+    figures.record("attacks refused with 410 (no new session opened)", sum(refused.values()) + 1)
 
 
 def test_session_ids_are_random_uuid4(figures):

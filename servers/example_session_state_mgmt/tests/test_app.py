@@ -217,23 +217,28 @@ def _forge(session_id: str, secret: str) -> str:
     return itsdangerous.TimestampSigner(secret).sign(payload).decode()
 
 
+def _post_lost(client: TestClient, route: str, body: dict[str, Any]) -> None:
+    """POST that must be refused with 410 (session lost), setting no new cookie."""
+    reply = client.post(route, json=body)
+    assert reply.status_code == 410, reply.text
+    assert "session" in reply.json()["error"] and "set-cookie" not in reply.headers
+
+
 @pytest.mark.parametrize("secret", ["StatefulCounterResourcesServer", "guessed-secret", ""])
 def test_forged_cookie_reaches_no_state(server, app, secret: str) -> None:
     cookie_name = server.session_cookie_name()
+    verify_body = {**ROW, "response": make_response([message()]).model_dump(mode="json")}
     with TestClient(app) as victim, TestClient(app) as attacker:
         victim.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
         [victim_id] = list(server.sessions)
         attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
-        assert count(attacker) == 0  # a fresh session, not the victim's counter
-        attacker.cookies.clear()
-        attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
-        attacker.post("/increment_counter", json={"count": 1000})
-        attacker.cookies.clear()
-        attacker.cookies.set(cookie_name, _forge(victim_id, secret or "x"))
-        result = verify(attacker, ROW)
-        assert result["reward"] == 0.0
-        assert result["failure_reason"] == app_module.NO_SESSION_REASON
-        assert victim_id in server.sessions
+        _post_lost(attacker, "/get_counter_value", {})
+        _post_lost(attacker, "/increment_counter", {"count": 1000})
+        _post_lost(attacker, "/verify", verify_body)
+        assert list(server.sessions) == [victim_id]  # the attacker created no session either
+        # /seed_session starts over whatever cookie comes with it.
+        assert attacker.post("/seed_session", json=ROW).status_code == 200
+        assert count(attacker) == ROW["initial_count"]
         assert verify(victim, ROW)["reward"] == 1.0
 
 
@@ -245,8 +250,7 @@ def test_tampered_cookie_reaches_no_state(server, app) -> None:
         assert genuine
         attacker.cookies.clear()
         attacker.cookies.set(cookie_name, genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB"))
-        result = verify(attacker, ROW)
-        assert result["failure_reason"] == app_module.NO_SESSION_REASON
+        _post_lost(attacker, "/verify", {**ROW, "response": make_response([message()]).model_dump(mode="json")})
         assert verify(victim, ROW)["reward"] == 1.0
 
 
