@@ -102,18 +102,24 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return settings
 
 
-def run_vector(urls: list[str], rows: list[dict], num_envs: int, settings: Settings) -> dict[str, Any]:
-    """Play scripted episodes on a vector env of ``num_envs``; returns counts, rate and timings."""
+def run_vector(urls: list[str], rows: list[dict], num_envs: int, settings: Settings,
+               make_env: Any = None) -> dict[str, Any]:
+    """Play scripted episodes on a vector env of ``num_envs``; returns counts, rate and timings.
+
+    ``make_env(base_url=, dataset=, num_envs=, **kwargs)`` builds the vector env
+    (default :class:`~nemo_gym_env.vector.NemoGymVectorEnv`).
+    """
     from nemo_gym_env.vector import NemoGymVectorEnv
 
     play = harness.player()
     kwargs: dict[str, Any] = {"max_in_flight": settings.max_in_flight} if settings.max_in_flight else {}
     base_url: Any = urls[0] if len(urls) == 1 else urls
-    envs = NemoGymVectorEnv(base_url=base_url, dataset=rows, num_envs=num_envs, **kwargs)
+    envs = (make_env or NemoGymVectorEnv)(base_url=base_url, dataset=rows, num_envs=num_envs, **kwargs)
     try:
         t_reset = time.perf_counter()
-        obs, _ = envs.reset(seed=0)
+        obs, infos = envs.reset(seed=0)
         first_reset_s = time.perf_counter() - t_reset
+        tasks = [rows[int(t)] for t in infos["task_index"]]
         histories: list[list[dict]] = [[] for _ in range(num_envs)]
         episodes = errors = steps = 0
         reward_sum = 0.0
@@ -129,10 +135,13 @@ def run_vector(urls: list[str], rows: list[dict], num_envs: int, settings: Setti
                     actions.append(None)
                     continue
                 histories[i].extend(o for o in obs[i] if o.get("type") == "function_call_output")
-                actions.append(play(envs.episodes[i].task, histories[i]))
+                actions.append(play(tasks[i], histories[i]))
             t0 = time.perf_counter()
             obs, rewards, terminations, truncations, infos = envs.step(actions)
             step_times.append(time.perf_counter() - t0)
+            for i in range(num_envs):
+                if not live[i]:  # started a new episode this step
+                    tasks[i] = rows[int(infos["task_index"][i])]
             steps += 1
             ended = terminations | truncations
             episodes += int(ended.sum())

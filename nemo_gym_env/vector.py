@@ -42,7 +42,7 @@ from .episode import Episode, StepResult
 from .loop import background_loop
 from .spaces import JsonItems, ResponsesAction
 
-__all__ = ["NemoGymVectorEnv"]
+__all__ = ["NemoGymVectorEnv", "batch_step", "env_seeds", "reset_options"]
 
 
 class NemoGymVectorEnv(VectorEnv):
@@ -151,16 +151,6 @@ class NemoGymVectorEnv(VectorEnv):
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, (int, np.integer)):
-            return [int(seed) + i for i in range(self.num_envs)]
-        seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"{len(seeds)} seeds given for num_envs={self.num_envs}")
-        return seeds
-
     async def _start(self, i: int, task_index: int | None = None) -> tuple[list, dict]:
         options = None if task_index is None else {"task_index": task_index}
         index, row = pick_task(self.rows, self._rngs[i], options)
@@ -175,27 +165,25 @@ class NemoGymVectorEnv(VectorEnv):
         return obs, info
 
     async def _areset(self, seed: Any, options: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
-        options = dict(options or {})
-        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
-        if mask.shape != (self.num_envs,):
-            raise ValueError(f"reset_mask must have shape ({self.num_envs},), got {mask.shape}")
-        task_indices = options.pop("task_indices", None)
-        if task_indices is not None and len(task_indices) != self.num_envs:
-            raise ValueError(f"task_indices must have {self.num_envs} entries, got {len(task_indices)}")
-        if options:
-            raise ValueError(f"unknown reset options {sorted(options)}; use 'task_indices' or 'reset_mask'")
-        for i, s in enumerate(self._seeds(seed)):
-            if mask[i] and s is not None:
-                self._rngs[i] = seeding.np_random(s)[0]
-        chosen = [i for i in range(self.num_envs) if mask[i]]
-        results = await asyncio.gather(*(self._start(i, None if task_indices is None else task_indices[i])
-                                         for i in chosen))
+        mask, task_indices = reset_options(options, self.num_envs)
+        started = await self._reset_each(env_seeds(seed, self.num_envs), mask, task_indices)
         observations: list[list] = [[] for _ in range(self.num_envs)]
         infos: dict[str, Any] = {}
-        for i, (obs, info) in zip(chosen, results):
+        for i, (obs, info) in started.items():
             observations[i] = obs
             infos = self._add_info(infos, info, i)
         return tuple(observations), infos
+
+    async def _reset_each(self, seeds: Sequence[int | None], mask: Sequence[bool],
+                          task_indices: Sequence[int | None] | None) -> dict[int, tuple[list, dict]]:
+        """Start a new episode on every sub-env in ``mask``; ``{i: (obs, info)}``."""
+        chosen = [i for i in range(self.num_envs) if mask[i]]
+        for i in chosen:
+            if seeds[i] is not None:
+                self._rngs[i] = seeding.np_random(seeds[i])[0]
+        results = await asyncio.gather(*(self._start(i, None if task_indices is None else task_indices[i])
+                                         for i in chosen))
+        return dict(zip(chosen, results))
 
     async def _one_step(self, i: int, items: list[dict[str, Any]] | None) -> tuple[StepResult, dict | None]:
         if items is None:  # an ended sub-env
@@ -213,33 +201,78 @@ class NemoGymVectorEnv(VectorEnv):
         return result, None
 
     async def _astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        return batch_step(self, await self._play(self._turns(actions)))
+
+    def _turns(self, actions: Sequence[Any], first_index: int = 0) -> list[list[dict[str, Any]] | None]:
+        """Check and normalise every sub-env's action before any call is made.
+
+        ``first_index`` only numbers the sub-envs in error messages (a shard of a larger env).
+        """
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"{len(actions)} actions given for num_envs={self.num_envs}")
         turns: list[list[dict[str, Any]] | None] = []
-        for i, action in enumerate(actions):  # refuse bad input before any call is made
+        for i, action in enumerate(actions):
             if self._needs_reset[i]:
                 if action is not None and self.autoreset_mode == AutoresetMode.DISABLED:
-                    raise ValueError(f"sub-env {i} has ended: reset it with options={{'reset_mask': ...}} "
-                                     "or pass None as its action")
+                    raise ValueError(f"sub-env {first_index + i} has ended: reset it with "
+                                     "options={'reset_mask': ...} or pass None as its action")
                 turns.append(None)
             elif action is None:
-                raise ValueError(f"sub-env {i} is live and needs an action; None is only for ended sub-envs")
+                raise ValueError(f"sub-env {first_index + i} is live and needs an action; "
+                                 "None is only for ended sub-envs")
             else:
                 try:
                     turns.append(normalize_action(action, turn=self.episodes[i].turn))
                 except ActionError as exc:
-                    raise ActionError(f"sub-env {i}: {exc}") from None
-        results = await asyncio.gather(*(self._one_step(i, t) for i, t in enumerate(turns)))
-        observations = []
-        rewards = np.zeros(self.num_envs, dtype=np.float64)
-        terminations = np.zeros(self.num_envs, dtype=bool)
-        truncations = np.zeros(self.num_envs, dtype=bool)
-        infos: dict[str, Any] = {}
-        for i, ((obs, reward, terminated, truncated, info), final) in enumerate(results):
-            observations.append(obs)
-            rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
-            if final is not None:
-                infos = self._add_info(infos, final, i)
-            infos = self._add_info(infos, info, i)
-        return tuple(observations), rewards, terminations, truncations, infos
+                    raise ActionError(f"sub-env {first_index + i}: {exc}") from None
+        return turns
+
+    async def _play(self, turns: list[list[dict[str, Any]] | None]) -> list[tuple[StepResult, dict | None]]:
+        """Play checked turns (:meth:`_turns`) on every sub-env at once."""
+        return await asyncio.gather(*(self._one_step(i, t) for i, t in enumerate(turns)))
+
+
+def env_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
+    """Per sub-env seeds, the Gymnasium way: an int gives sub-env ``i`` ``seed + i``."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(f"{len(seeds)} seeds given for num_envs={num_envs}")
+    return seeds
+
+
+def reset_options(options: dict[str, Any] | None, num_envs: int) -> tuple[np.ndarray, list | None]:
+    """``(reset_mask, task_indices)`` from a vector reset's options; anything else is an error."""
+    options = dict(options or {})
+    mask = np.asarray(options.pop("reset_mask", np.ones(num_envs, dtype=bool)), dtype=bool)
+    if mask.shape != (num_envs,):
+        raise ValueError(f"reset_mask must have shape ({num_envs},), got {mask.shape}")
+    task_indices = options.pop("task_indices", None)
+    if task_indices is not None:
+        task_indices = list(task_indices)
+        if len(task_indices) != num_envs:
+            raise ValueError(f"task_indices must have {num_envs} entries, got {len(task_indices)}")
+    if options:
+        raise ValueError(f"unknown reset options {sorted(options)}; use 'task_indices' or 'reset_mask'")
+    return mask, task_indices
+
+
+def batch_step(env: VectorEnv, results: Sequence[tuple[StepResult, dict | None]],
+               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Per sub-env ``(step result, final obs and info or None)`` -> Gymnasium's batched step."""
+    observations = []
+    rewards = np.zeros(len(results), dtype=np.float64)
+    terminations = np.zeros(len(results), dtype=bool)
+    truncations = np.zeros(len(results), dtype=bool)
+    infos: dict[str, Any] = {}
+    for i, ((obs, reward, terminated, truncated, info), final) in enumerate(results):
+        observations.append(obs)
+        rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
+        if final is not None:
+            infos = env._add_info(infos, final, i)
+        infos = env._add_info(infos, info, i)
+    return tuple(observations), rewards, terminations, truncations, infos

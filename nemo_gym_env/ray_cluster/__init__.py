@@ -8,6 +8,9 @@
 - :func:`ray_collect` shards rollouts over Ray workers, each with its own event loop, and
   streams the rows back in (task, rollout) order; the unfinished episodes of a worker that
   dies run again on another, and no row is yielded twice.
+- :class:`RayVectorEnv` is a Gymnasium vector env whose sub-envs are split over Ray workers,
+  each running a :class:`~nemo_gym_env.vector.NemoGymVectorEnv` of its shard on its own event
+  loop; a worker that dies is replaced and its episodes start over.
 
 Importing this package does not import ``ray`` (the ``ray`` extra); using it does. See
 ``docs/scale_out.md``.
@@ -18,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["RayLauncher", "RayServer", "WorkersLost", "connect", "ray_address", "ray_collect"]
+__all__ = ["RayLauncher", "RayServer", "RayVectorEnv", "WorkersLost", "connect", "ray_address", "ray_collect"]
 
 _LAZY = {
     "connect": ".connection",
@@ -27,6 +30,7 @@ _LAZY = {
     "RayServer": ".servers",
     "ray_collect": ".collect",
     "WorkersLost": ".collect",
+    "RayVectorEnv": ".vector",
 }
 
 

@@ -19,7 +19,6 @@ yielded twice. When every worker is gone, :class:`WorkersLost` names the rollout
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
-from .connection import connect, import_ray
+from .connection import connect, import_ray, kill_actor, lost_worker_errors
 
 __all__ = ["WorkersLost", "ray_collect"]
 
@@ -230,7 +229,7 @@ def ray_collect(
         left = sorted({k for keys in worker.streams.values() for k in keys if k not in finished})
         for start in reversed(range(0, len(left), size)):  # to the front, oldest first: they hold up the order
             queue.appendleft(left[start:start + size])
-        _kill(ray, worker.handle)
+        kill_actor(ray, worker.handle)
         if on_worker_lost is not None:
             on_worker_lost(worker.index, reason)
 
@@ -261,7 +260,7 @@ def ray_collect(
                 except StopIteration:
                     del worker.streams[stream]
                     continue
-                except _lost_errors(ray) as exc:
+                except lost_worker_errors(ray) as exc:
                     lose(worker, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                     continue
                 key = (row[TASK_INDEX_KEY], row[ROLLOUT_INDEX_KEY])
@@ -274,15 +273,4 @@ def ray_collect(
                 next_at += 1
     finally:
         for worker in workers:
-            _kill(ray, worker.handle)
-
-
-def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
-    """What a dead worker's stream raises (its process killed, its node gone)."""
-    errors = ray.exceptions
-    return (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError, errors.NodeDiedError)
-
-
-def _kill(ray: Any, handle: Any) -> None:
-    with contextlib.suppress(Exception):  # already gone
-        ray.kill(handle, no_restart=True)
+            kill_actor(ray, worker.handle)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RAY_ADDRESS_KEY", "connect", "import_ray", "ray_address"]
+__all__ = ["RAY_ADDRESS_KEY", "connect", "import_ray", "kill_actor", "lost_worker_errors", "ray_address", "remote_message"]
 
 RAY_ADDRESS_KEY = "ray_head_node_address"
 """NeMo Gym's config key for the cluster address (NeMo RL sets it to its GCS address)."""
@@ -55,3 +56,30 @@ def connect(address: str | None = None, *, config: Mapping[str, Any] | None = No
         ray.init(address=ray_address(config, address), log_to_driver=init_kwargs.pop("log_to_driver", False),
                  **init_kwargs)
     return ray.get_runtime_context().gcs_address
+
+
+def lost_worker_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """What a call on a dead actor raises (its process killed, its node gone)."""
+    errors = ray.exceptions
+    return (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError, errors.NodeDiedError)
+
+
+def kill_actor(ray: Any, handle: Any) -> None:
+    """``ray.kill`` without restart; nothing if it is already gone."""
+    with contextlib.suppress(Exception):
+        ray.kill(handle, no_restart=True)
+
+
+def remote_message(exc: BaseException) -> str:
+    """The useful part of an error raised inside an actor or task (Ray wraps it, often twice,
+    with a long traceback): the innermost cause's message."""
+    cause: BaseException = exc
+    while isinstance(getattr(cause, "cause", None), BaseException):
+        cause = cause.cause  # type: ignore[attr-defined]
+    if cause is not exc:
+        return str(cause)
+    if getattr(exc, "actor_init_failed", False):  # the actor's __init__ raised: its traceback ends with the error
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return f"{type(exc).__name__}: {exc}"

@@ -28,7 +28,6 @@ cluster.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,7 @@ from typing import Any, Self
 
 from ..config import ServerSpec
 from ..launch import LaunchError
-from .connection import RAY_ADDRESS_KEY, connect, import_ray
+from .connection import RAY_ADDRESS_KEY, connect, import_ray, kill_actor, remote_message
 
 __all__ = ["RayLauncher", "RayServer"]
 
@@ -213,12 +212,12 @@ class RayLauncher:
                     info = ray.get(call, timeout=self.ready_timeout_s + 60)
                 except Exception as exc:  # noqa: BLE001 - any failure of the remote start is a LaunchError
                     raise LaunchError(f"server {spec.instance_name!r} could not be started on the Ray cluster: "
-                                      f"{_remote_message(exc)}") from None
+                                      f"{remote_message(exc)}") from None
                 started.append(RayServer(spec.instance_name, spec, info["host"], info["port"], info["url"],
                                          info["pid"], info["node_id"], info["log_path"], _actor=actor))
         except BaseException:
             for actor in actors:
-                _kill(ray, actor)
+                kill_actor(ray, actor)
             raise
         for server in started:
             self._servers[server.name] = server
@@ -265,7 +264,7 @@ class RayLauncher:
         finally:
             for server in servers:
                 server._status = "stopped"
-                _kill(ray, server._actor)
+                kill_actor(ray, server._actor)
 
     def close(self) -> None:
         """Stop every server; safe to call twice."""
@@ -314,14 +313,3 @@ class RayLauncher:
             self._turn += 1
         return _host_class().options(num_cpus=self.num_cpus, scheduling_strategy=strategy,
                                      max_restarts=0).remote(self.ready_timeout_s, self.auto_restart)
-
-
-def _remote_message(exc: BaseException) -> str:
-    """The useful part of an error raised inside an actor (Ray wraps it with a long traceback)."""
-    cause = getattr(exc, "cause", None)
-    return str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"
-
-
-def _kill(ray: Any, actor: Any) -> None:
-    with contextlib.suppress(Exception):  # already gone
-        ray.kill(actor, no_restart=True)
