@@ -37,8 +37,9 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.servers.code_gen.sandbox import Limits, RunResult, Sandbox
+from nemo_gym_env.servers.code_gen.sandbox import Limits, RunResult, Sandbox, run_sandboxed
 from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
+from nemo_gym_env.workers import RayRunner, TaskTimeout
 
 __all__ = [
     "CodeGenResourcesServer",
@@ -77,6 +78,11 @@ class CodeGenResourcesServerConfig(BaseResourcesServerConfig):
         max_code_chars: Longer programs are not run (``no_code``).
         max_response_chars: Longer answers are not searched for code (``no_code``).
         scratch_root: Where per-run scratch directories are made (default: the system temp dir).
+        ray_address: Run each test as a Ray task on this cluster (the same sandbox, started by
+            the task on its node) instead of in this server's process; ``max_concurrent`` then
+            bounds the tasks in flight. Needs ``ray``.
+        ray_head_node_address: NeMo Gym's name for ``ray_address`` (also set by the config's
+            top-level key and by ``RayLauncher``).
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -96,6 +102,8 @@ class CodeGenResourcesServerConfig(BaseResourcesServerConfig):
     max_code_chars: int = Field(default=100_000, ge=1)
     max_response_chars: int = Field(default=1_000_000, ge=1)
     scratch_root: str | None = None
+    ray_address: str | None = None
+    ray_head_node_address: str | None = None
 
 
 class UnitTests(BaseModel):
@@ -340,12 +348,18 @@ class CodeGenResourcesServer(SimpleResourcesServer):
 
     config: CodeGenResourcesServerConfig = Field(default_factory=CodeGenResourcesServerConfig)
     _sandbox: Sandbox = PrivateAttr()
+    _ray: RayRunner | None = PrivateAttr(default=None)
+    _ray_slots: asyncio.Semaphore | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         c = self.config
         limits = Limits(c.timeout_s, c.memory_bytes, c.max_output_bytes, c.max_file_bytes, c.max_processes)
         self._sandbox = Sandbox(limits, max_concurrent=c.max_concurrent, scratch_root=c.scratch_root)
+        address = c.ray_address or c.ray_head_node_address
+        if address:
+            self._ray = RayRunner(address)  # a clear error when ray is missing
+            self._ray_slots = asyncio.Semaphore(c.max_concurrent)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -368,13 +382,24 @@ class CodeGenResourcesServer(SimpleResourcesServer):
                 detail = f"verify_timeout_s={self.config.verify_timeout_s} spent before this test"
                 results.append(TestResult(passed=False, kind="timeout", time_s=0.0, detail=detail))
                 continue
-            if tests.fn_name is None:
-                run = await self._sandbox.run(code, stdin=given)
-            else:
-                run = await self._sandbox.run(code, call=(tests.fn_name, call_arguments(given)))
+            call = None if tests.fn_name is None else (tests.fn_name, call_arguments(given))
+            run = await self.run_program(code, stdin="" if call else given, call=call)
             results.append(_judge(run, expected, tests.fn_name is not None))
             failed = failed or not results[-1].passed
         return results
+
+    async def run_program(self, code: str, *, stdin: str = "", call: tuple[str, list[Any]] | None = None,
+                          ) -> RunResult:
+        """One sandboxed run: in this server's process, or as a Ray task with ``ray_address``."""
+        if self._ray is None or self._ray_slots is None:
+            return await self._sandbox.run(code, stdin=stdin, call=call)
+        limits = self._sandbox.limits
+        async with self._ray_slots:
+            try:  # the sandbox's own wall-clock limit applies on the node; this only bounds a lost task
+                return await self._ray.run(run_sandboxed, code, stdin, call, limits, self.config.scratch_root,
+                                           timeout_s=limits.timeout_s + 60.0)
+            except TaskTimeout:
+                return RunResult("timeout", None, stderr=b"the Ray task did not come back in time")
 
     async def verify(self, body: CodeGenVerifyRequest) -> CodeGenVerifyResponse:
         """Extract the program from the last assistant message and run it against the row's tests."""

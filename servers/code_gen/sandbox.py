@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["BOOTSTRAP", "DENIED_MARKER", "Limits", "RunKind", "RunResult", "Sandbox"]
+__all__ = ["BOOTSTRAP", "DENIED_MARKER", "Limits", "RunKind", "RunResult", "Sandbox", "run_sandboxed"]
 
 BOOTSTRAP = (Path(__file__).with_name("_bootstrap.py")).read_text(encoding="utf-8")
 """Source of the in-child bootstrap, passed with ``-c`` (no file of ours on the child's path)."""
@@ -230,6 +230,13 @@ class Sandbox:
         )
         await proc.wait()
         return stdout, stderr
+
+
+def run_sandboxed(code: str, stdin: str, call: tuple[str, list[Any]] | None, limits: Limits,
+                  scratch_root: str | None = None) -> RunResult:
+    """One sandboxed run, from synchronous code: the body of a Ray task (the same sandbox, on
+    whichever node runs the task)."""
+    return asyncio.run(Sandbox(limits, 1, scratch_root).run(code, stdin=stdin, call=call))
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, on_overflow: Any) -> bytes:

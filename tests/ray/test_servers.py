@@ -11,7 +11,9 @@ from nemo_gym_env.catalog import bundled_dataset, bundled_spec
 from nemo_gym_env.config import load_config, server_specs
 from nemo_gym_env.env import NemoGymEnv
 from nemo_gym_env.head import HeadServer, fetch_servers
+from nemo_gym_env.launch import Launcher
 from nemo_gym_env.ray_cluster import RayLauncher, connect, ray_address
+from nemo_gym_env.types import make_response
 
 from ..conftest import play_episode
 
@@ -112,3 +114,32 @@ def test_connect_reuses_the_connection(ray_cluster) -> None:
 
     assert connect() == ray.get_runtime_context().gcs_address
     assert connect("192.0.2.99:1") == ray.get_runtime_context().gcs_address  # already connected: kept
+
+
+def test_code_gen_runs_its_sandboxed_tests_as_ray_tasks(ray_cluster) -> None:
+    import ray
+
+    with RayLauncher(host="127.0.0.1") as launcher:
+        [server] = launcher.start_all([bundled_spec("code_gen")])
+        env = NemoGymEnv(base_url=server.url, dataset=bundled_dataset("code_gen"))
+        for correct, expected in ((True, 1.0), (False, 0.0)):
+            reward, _, _, info = play_episode(env, "code_gen", correct=correct, seed=0)
+            assert reward == expected, info
+        env.close()
+        drivers = {job["DriverPid"] for job in ray._private.state.jobs() if not job["IsDead"]}
+        assert server.pid in drivers
+        # The program's parent is the Ray worker that ran the task, not the server process;
+        # the same request to a code_gen server without Ray passes (its parent is that server).
+        assert _parent_is_the_server(server) == (0.0, "wrong_answer")
+    with Launcher() as local:
+        assert _parent_is_the_server(local.start(bundled_spec("code_gen"))) == (1.0, None)
+
+
+def _parent_is_the_server(server) -> tuple[float, str | None]:
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "pid"}]},
+           "verifier_metadata": {"unit_tests": {"inputs": [""], "outputs": [f"{server.pid}\n"]}}}
+    answer = "```python\nimport os\nprint(os.getppid())\n```"
+    message = {"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": answer}]}
+    reply = httpx.post(f"{server.url}/verify", timeout=120, json={
+        **row, "response": make_response([message]).model_dump(mode="json", exclude_none=True)}).json()
+    return reply["reward"], reply.get("failure_kind")

@@ -25,9 +25,8 @@ pytest.importorskip("math_verify", reason="the math server needs the math extra:
 
 from nemo_gym_env.servers.math import answer, equivalence, judge, scripted
 from nemo_gym_env.servers.math.app import MathResourcesServer
-from nemo_gym_env.servers.math.workers import ProcessPoolRunner, TaskTimeout
-
 from nemo_gym_env.types import make_response
+from nemo_gym_env.workers import ProcessPoolRunner, TaskTimeout
 
 NAME = "math"
 HERE = Path(__file__).resolve().parent.parent

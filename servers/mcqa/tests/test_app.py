@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+
 from nemo_gym_env.servers.mcqa import choices, scripted
 from nemo_gym_env.servers.mcqa.app import MCQAResourcesServer, MCQARunRequest
-
 from nemo_gym_env.types import make_response
 
 NAME = "mcqa"

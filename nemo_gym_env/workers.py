@@ -39,7 +39,7 @@ __all__ = [
     "ray_missing_message",
 ]
 
-logger = logging.getLogger("nemo_gym_env.servers.workers")
+logger = logging.getLogger("nemo_gym_env.workers")
 
 
 class TaskTimeout(Exception):
