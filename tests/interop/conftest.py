@@ -2,9 +2,12 @@
 
 The NeMo Gym side runs in a Python 3.12 virtualenv made by ``scripts/interop_venv.sh``. Its
 python is ``$NEMO_GYM_INTEROP_PYTHON``, else ``<venv>/bin/python`` with ``<venv>`` =
-``$NEMO_GYM_INTEROP_VENV`` or ``~/.cache/nemo_gym_env/interop-venv``. Without it, the tests
-that need NeMo Gym skip and say how to make it; with ``NEMO_GYM_INTEROP_REQUIRED=1`` (CI)
-they fail instead. ``test_porting.py`` needs no NeMo Gym and always runs.
+``$NEMO_GYM_INTEROP_VENV`` or ``~/.cache/nemo_gym_env/interop-venv``. When it is missing
+(and ``$NEMO_GYM_INTEROP_PYTHON`` is not set) the first test that needs it builds it with
+that script (pip, a few minutes, once; ``NEMO_GYM_INTEROP_BUILD=0`` turns this off). When it
+still cannot be had (no Python 3.12, no package index), the tests that need NeMo Gym skip and
+say why; with ``NEMO_GYM_INTEROP_REQUIRED=1`` (CI) they fail instead. ``test_porting.py``
+needs no NeMo Gym and always runs.
 
 One ``ng_run`` serves all of tests/interop (:func:`ng_stack`, stopped when they are done): NeMo Gym's own
 example_single_tool_call, example_multi_step, example_session_state_mgmt and mcqa servers,
@@ -37,6 +40,8 @@ NEMO_GYM_VERSION = "0.4.0"
 PYTHON_ENV = "NEMO_GYM_INTEROP_PYTHON"
 VENV_ENV = "NEMO_GYM_INTEROP_VENV"
 REQUIRED_ENV = "NEMO_GYM_INTEROP_REQUIRED"
+BUILD_ENV = "NEMO_GYM_INTEROP_BUILD"
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "interop_venv.sh"
 
 FIXTURE_SERVER = FIXTURE
 THEIR_SERVERS = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt", "mcqa"]
@@ -121,10 +126,29 @@ def find_interop_python() -> tuple[Path | None, str]:
     return python.absolute(), ""
 
 
+def build_interop_venv(timeout_s: float = 1500.0) -> str:
+    """Run ``scripts/interop_venv.sh``; returns what went wrong ("" when it worked)."""
+    try:
+        done = subprocess.run(  # noqa: PLW1510  (returncode is checked below)
+            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout_s,
+            stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"scripts/interop_venv.sh failed: {exc}"
+    if done.returncode != 0:
+        return f"scripts/interop_venv.sh exited {done.returncode}: {done.stderr.strip()[-1500:]}"
+    return ""
+
+
 @pytest.fixture(scope="session")
 def ng_python() -> Path:
-    """The interop venv's python; skips (fails under ``NEMO_GYM_INTEROP_REQUIRED=1``) without it."""
+    """The interop venv's python, built when missing; skips (fails under
+    ``NEMO_GYM_INTEROP_REQUIRED=1``) when it cannot be had."""
     python, reason = find_interop_python()
+    if python is None and not os.environ.get(PYTHON_ENV) and os.environ.get(BUILD_ENV, "1") != "0":
+        failure = build_interop_venv()
+        python, reason = find_interop_python()
+        reason = f"{reason} ({failure})" if failure else reason
     if python is None:
         message = (
             f"{reason}. Run scripts/interop_venv.sh (builds a Python 3.12 venv with nemo-gym=="
