@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
-from .connection import connect, import_ray, kill_actor, lost_worker_errors
+from .connection import connect, import_ray, kill_actor, lost_worker_errors, remote_class
 
 __all__ = ["WorkersLost", "ray_collect"]
 
@@ -115,16 +115,6 @@ def _server_of(row: Mapping[str, Any], urls: Mapping[str, str], routes: Mapping[
     raise ValueError(f"agent_ref.name {wanted!r} names none of the servers ({', '.join(urls)})")
 
 
-_WORKER_CLASS: Any = None
-
-
-def _worker_class() -> Any:
-    global _WORKER_CLASS
-    if _WORKER_CLASS is None:
-        _WORKER_CLASS = import_ray().remote(_RolloutWorker)
-    return _WORKER_CLASS
-
-
 @dataclass(eq=False)
 class _Worker:
     handle: Any
@@ -208,7 +198,7 @@ def ray_collect(
     queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
     settings = {"concurrency": concurrency, "max_steps": max_steps, "request_timeout_s": request_timeout_s,
                 "turn_timeout_s": turn_timeout_s}
-    actor = _worker_class().options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
+    actor = remote_class(_RolloutWorker).options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
                                     scheduling_strategy="SPREAD", max_restarts=0)
     workers = [_Worker(actor.remote(policy_factory, urls, dict(routes or {}), settings), i) for i in range(num_workers)]
     finished: set[Key] = set()  # received from a worker (yielded, or waiting for its turn)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RAY_ADDRESS_KEY", "connect", "import_ray", "kill_actor", "lost_worker_errors", "ray_address", "remote_message"]
+__all__ = ["RAY_ADDRESS_KEY", "connect", "import_ray", "kill_actor", "lost_worker_errors", "ray_address", "remote_class", "remote_message"]
 
 RAY_ADDRESS_KEY = "ray_head_node_address"
 """NeMo Gym's config key for the cluster address (NeMo RL sets it to its GCS address)."""
@@ -83,3 +83,14 @@ def remote_message(exc: BaseException) -> str:
         if lines:
             return lines[-1]
     return f"{type(exc).__name__}: {exc}"
+
+
+_REMOTE_CLASSES: dict[type, Any] = {}
+
+
+def remote_class(cls: type) -> Any:
+    """``ray.remote(cls)``, made once per class; ``ray`` is imported on first use, not before."""
+    wrapped = _REMOTE_CLASSES.get(cls)
+    if wrapped is None:
+        wrapped = _REMOTE_CLASSES[cls] = import_ray().remote(cls)
+    return wrapped

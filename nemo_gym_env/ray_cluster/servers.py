@@ -35,7 +35,7 @@ from typing import Any, Self
 
 from ..config import ServerSpec
 from ..launch import LaunchError
-from .connection import RAY_ADDRESS_KEY, connect, import_ray, kill_actor, remote_message
+from .connection import RAY_ADDRESS_KEY, connect, import_ray, kill_actor, remote_class, remote_message
 
 __all__ = ["RayLauncher", "RayServer"]
 
@@ -79,16 +79,6 @@ class _ServerHost:
 
     def stop(self) -> None:
         self._launcher.close()
-
-
-_HOST_CLASS: Any = None
-
-
-def _host_class() -> Any:
-    global _HOST_CLASS
-    if _HOST_CLASS is None:
-        _HOST_CLASS = import_ray().remote(_ServerHost)
-    return _HOST_CLASS
 
 
 @dataclass(eq=False)
@@ -311,5 +301,5 @@ class RayLauncher:
             nodes = sorted(n["NodeID"] for n in import_ray().nodes() if n["Alive"])
             strategy = NodeAffinitySchedulingStrategy(node_id=nodes[self._turn % len(nodes)], soft=False)
             self._turn += 1
-        return _host_class().options(num_cpus=self.num_cpus, scheduling_strategy=strategy,
+        return remote_class(_ServerHost).options(num_cpus=self.num_cpus, scheduling_strategy=strategy,
                                      max_restarts=0).remote(self.ready_timeout_s, self.auto_restart)

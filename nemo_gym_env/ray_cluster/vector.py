@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from ..actions import ActionError
 from ..vector import batch_step, env_seeds, reset_options
-from .connection import connect, import_ray, kill_actor, lost_worker_errors, remote_message
+from .connection import connect, import_ray, kill_actor, lost_worker_errors, remote_class, remote_message
 
 __all__ = ["RayVectorEnv"]
 
@@ -98,16 +98,6 @@ class _ShardWorker:
 
     def close(self) -> None:
         self.env.close()
-
-
-_WORKER_CLASS: Any = None
-
-
-def _worker_class() -> Any:
-    global _WORKER_CLASS
-    if _WORKER_CLASS is None:
-        _WORKER_CLASS = import_ray().remote(_ShardWorker)
-    return _WORKER_CLASS
 
 
 class _Shard:
@@ -179,7 +169,7 @@ class RayVectorEnv(VectorEnv):
         self._env_kwargs = {"server": server, "dataset": list(dataset) if isinstance(dataset, Sequence)
                             and not isinstance(dataset, str) else dataset,
                             "autoreset_mode": self.autoreset_mode, **env_kwargs}
-        self._actor = _worker_class().options(num_cpus=num_cpus_per_worker, scheduling_strategy="SPREAD",
+        self._actor = remote_class(_ShardWorker).options(num_cpus=num_cpus_per_worker, scheduling_strategy="SPREAD",
                                               max_restarts=0)
         parts = np.array_split(np.arange(num_envs), num_workers)  # the first num_envs % num_workers get one more
         self.shards = [_Shard(k, int(part[0]), int(part[-1]) + 1) for k, part in enumerate(parts)]
