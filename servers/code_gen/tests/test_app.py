@@ -332,12 +332,15 @@ def test_stop_on_first_failure(scratch_root: Path) -> None:
 def test_verify_budget_bounds_a_slow_program(scratch_root: Path) -> None:
     config = {"timeout_s": 1, "verify_timeout_s": 1.5, "scratch_root": str(scratch_root)}
     row = stdio_row(["a\n"] * 6, ["a\n"] * 6)
-    started = time.perf_counter()
     with TestClient(Server.from_config(config, name=NAME).build_app()) as c:
         result = verify(c, row, [fenced("import time\ntime.sleep(100)")])
-    assert time.perf_counter() - started < 6
-    assert [t["kind"] for t in result["test_results"]] == ["timeout"] * 6
-    assert sum(t["time_s"] > 0 for t in result["test_results"]) == 2  # the other four never started
+    tests = result["test_results"]
+    assert [t["kind"] for t in tests] == ["timeout"] * 6
+    # Each test that ran took its full second, so the 1.5 s budget let one or two start (two on
+    # an idle machine, one when starting the interpreter took long); the rest never started.
+    ran = [t for t in tests if t["time_s"] > 0]
+    assert tests[: len(ran)] == ran and 1 <= len(ran) <= 2
+    assert all(t["detail"].startswith("verify_timeout_s=1.5 spent") for t in tests[len(ran):])
 
 
 # ---- verify: adversarial answers ----------------------------------------------------------------
@@ -584,21 +587,21 @@ def test_sandbox_bounds_concurrency_and_keeps_the_loop_free(scratch_root: Path) 
         watcher = asyncio.create_task(watch())
         started = time.perf_counter()
         runs = asyncio.gather(*[sandbox.run("import time\ntime.sleep(0.6)") for _ in range(4)])
-        # While the sandboxes sleep, the event loop keeps turning.
-        lag = 0.0
-        for _ in range(10):
-            tick = time.perf_counter()
+        # While the sandboxes sleep, the event loop keeps turning: these ticks (0.25 s) end
+        # while the runs (two rounds of 0.6 s) are still going. A blocking run would hold the
+        # loop until it finished, and the ticks would come after the runs.
+        for _ in range(5):
             await asyncio.sleep(0.05)
-            lag = max(lag, time.perf_counter() - tick - 0.05)
+        turned_while_running = not runs.done()
         kinds = [r.kind for r in await runs]
         watcher.cancel()
-        return time.perf_counter() - started, lag, kinds, peak
+        return time.perf_counter() - started, turned_while_running, kinds, peak
 
-    elapsed, lag, kinds, peak = asyncio.run(scenario())
+    elapsed, turned_while_running, kinds, peak = asyncio.run(scenario())
     assert kinds == ["ok"] * 4
     assert elapsed >= 1.2  # 4 runs of 0.6 s, two at a time
     assert peak <= 2
-    assert lag < 0.5
+    assert turned_while_running
 
 
 def test_sandbox_minimal_environment_and_limits(scratch_root: Path) -> None:

@@ -25,6 +25,7 @@ pytest.importorskip("math_verify", reason="the math server needs the math extra:
 
 from nemo_gym_env.servers.math import answer, equivalence, judge, scripted
 from nemo_gym_env.servers.math.app import MathResourcesServer
+from nemo_gym_env.testing import times_slower_than_plain
 from nemo_gym_env.types import make_response
 from nemo_gym_env.workers import ProcessPoolRunner, TaskTimeout
 
@@ -114,9 +115,7 @@ def test_answer_fallbacks(fallback: str, text: str, expected: str | None) -> Non
 
 def test_extraction_is_linear_on_adversarial_text() -> None:
     for text in ["\\boxed{" * 15_000, "{}" * 50_000, "\\boxed{" + "{" * 99_000, "1 " * 50_000]:
-        started = time.perf_counter()
-        answer.extract_answer(text[-100_000:], "last_number")
-        assert time.perf_counter() - started < 1.0
+        assert times_slower_than_plain(lambda t: answer.extract_answer(t, "last_number"), text[-100_000:]) < 50
 
 
 def test_last_assistant_text_ignores_reasoning_and_caps() -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import doctest
-import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nemo_gym_env.servers.reasoning_gym import answers
 from nemo_gym_env.servers.reasoning_gym.answers import answer_tag, boxed, extract_answer, final_text
-
+from nemo_gym_env.testing import times_slower_than_plain
 from nemo_gym_env.types import make_response
 
 TAGLESS = st.text().filter(lambda s: "<answer>" not in s and "</answer>" not in s)
@@ -119,6 +119,4 @@ def test_final_text_reads_the_last_assistant_message_only() -> None:
 @pytest.mark.parametrize("fallback", ["boxed", "full_text"])
 def test_adversarial_text_is_linear(fallback: str) -> None:
     junk = ("\\boxed{{{" + "<answer>") * 200_000  # ~3.4 MB: unclosed boxes and tags everywhere
-    started = time.perf_counter()
-    extract_answer(junk, fallback)  # type: ignore[arg-type]
-    assert time.perf_counter() - started < 2.0
+    assert times_slower_than_plain(lambda t: extract_answer(t, fallback), junk) < 50  # type: ignore[arg-type]
