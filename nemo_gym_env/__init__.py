@@ -9,15 +9,19 @@ generic ``NemoGym/Generic-v0``::
     env = gym.make("NemoGym/example_multi_step-v0")
 
 The env classes load lazily, so server processes and verifier workers that import a
-submodule do not pay for the env stack.
+submodule do not pay for the env stack; in a server process started by the launcher the ids
+are registered only once ``gymnasium`` is imported (see
+:func:`~nemo_gym_env.registration.register_envs_on_gymnasium_import`).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
-from .registration import GENERIC_ID, env_id, register_envs
+from .registration import GENERIC_ID, env_id, register_envs, register_envs_on_gymnasium_import
+from .sessions import SERVER_ENV as _SERVER_ENV
 
 __all__ = ["NemoGymEnv", "NemoGymVectorEnv", "ActionError", "ServerError", "GENERIC_ID", "env_id",
            "register_envs", "__version__"]
@@ -38,4 +42,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'nemo_gym_env' has no attribute {name!r}")
 
 
-register_envs()
+if os.environ.get(_SERVER_ENV) is None:
+    register_envs()
+else:  # a launched resources server: it serves without Gymnasium
+    register_envs_on_gymnasium_import()

@@ -23,7 +23,7 @@ through ``POST /verify`` (``terminated``); reaching ``max_steps`` verifies too
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,37 @@ import gymnasium as gym
 import numpy as np
 
 from . import launch
-from .actions import ActionError, normalize_action
-from .client import ResourcesClient
-from .dataset import load_rows
-from .episode import Episode, StepResult
-from .loop import background_loop
-from .parser import items_to_text
-from .spaces import JsonItems, ResponsesAction
-from .types import Response
 
 __all__ = ["NemoGymEnv", "ActionError", "ServerHandle", "resolve_server", "pick_task"]
+
+# The rest of what the env uses (openai's Responses types and the pydantic models built on
+# them: ~1 s to import, longer on a busy machine) is imported by _import_runtime, which
+# NemoGymEnv calls while its embedded server process boots, so the two overlap instead of
+# running one after the other. The names below become module globals then (or on first
+# access from outside, through __getattr__).
+_RUNTIME = ("ActionError", "normalize_action", "ResourcesClient", "load_rows", "Episode", "StepResult",
+            "background_loop", "items_to_text", "JsonItems", "ResponsesAction", "Response")
+
+
+def _import_runtime() -> None:
+    """Import the env's own modules and bind their names in this module (idempotent, cheap once done)."""
+    global ActionError, normalize_action, ResourcesClient, load_rows, Episode, StepResult
+    global background_loop, items_to_text, JsonItems, ResponsesAction, Response
+    from .actions import ActionError, normalize_action
+    from .client import ResourcesClient
+    from .dataset import load_rows
+    from .episode import Episode, StepResult
+    from .loop import background_loop
+    from .parser import items_to_text
+    from .spaces import JsonItems, ResponsesAction
+    from .types import Response
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME:
+        _import_runtime()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -60,8 +81,18 @@ class ServerHandle:
             self.acquired = None
 
 
-def resolve_server(server: str | None, base_url: str | None, config_paths: Sequence[str] | None) -> ServerHandle:
-    """Find or start the server an env talks to: a URL, a config, or a bundled name."""
+def resolve_server(
+    server: str | None,
+    base_url: str | None,
+    config_paths: Sequence[str] | None,
+    *,
+    while_starting: Callable[[], object] | None = None,
+) -> ServerHandle:
+    """Find or start the server an env talks to: a URL, a config, or a bundled name.
+
+    ``while_starting`` runs while a server this call starts boots (see
+    :func:`~nemo_gym_env.launch.acquire_server`).
+    """
     from . import catalog
     from .config import load_config, server_specs
 
@@ -78,7 +109,7 @@ def resolve_server(server: str | None, base_url: str | None, config_paths: Seque
         spec, default = catalog.bundled_spec(server), catalog.bundled_dataset(server)
     else:
         raise ValueError("give a bundled server name, a base_url, or config_paths")
-    process = launch.acquire_server(spec)
+    process = launch.acquire_server(spec, while_starting=while_starting)
     return ServerHandle(process.url, spec.instance_name, default, spec.instance_name)
 
 
@@ -87,6 +118,8 @@ def pick_task(rows: Sequence[dict[str, Any]], rng: np.random.Generator,
     """The task of a reset: ``options["row"]``, ``options["task_index"]``, or drawn from ``rng``."""
     options = options or {}
     if "row" in options:
+        from .dataset import load_rows
+
         return options.get("task_index"), load_rows([options["row"]])[0]
     if "task_index" in options:
         index = options["task_index"]
@@ -142,7 +175,12 @@ class NemoGymEnv(gym.Env[list, Any]):
         self.max_steps = max_steps
         self.on_server_error = on_server_error
         self._handle: ServerHandle | None = None
-        self._handle = resolve_server(server, base_url, config_paths)
+        self._handle = resolve_server(server, base_url, config_paths, while_starting=_import_runtime)
+        try:
+            _import_runtime()  # done already if this call started the server
+        except BaseException:
+            self.close()
+            raise
         try:
             if dataset is None and self._handle.default_dataset is None:
                 raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")

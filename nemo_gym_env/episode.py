@@ -9,8 +9,7 @@ from typing import Any
 from .client import TOOL_NAME_RE, CookieJar, ResourcesClient, ServerError
 from .dataset import input_items
 from .metrics import numeric_fields
-from .server import RESERVED_ROUTES
-from .types import Response, make_response
+from .types import RESERVED_ROUTES, Response, make_response
 
 __all__ = ["Episode", "StepResult", "SAMPLING_KEYS"]
 

@@ -56,15 +56,17 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import httpx
+# Nothing heavy at module level: ``gym.make`` spawns the embedded server through this module
+# before it imports the env's own modules, and the server process imports it to serve.
+from .sessions import SERVER_ENV, SESSION_SECRET_ENV
 
-from .config import ServerSpec, redact
-from .sessions import SESSION_SECRET_ENV
+if TYPE_CHECKING:
+    from .config import ServerSpec
 
 __all__ = [
     "SERVER_ENV",
@@ -80,9 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("nemo_gym_env.launch")
-
-SERVER_ENV = "NEMO_GYM_ENV_SERVER"
-"""Environment variable through which the launcher tells a child what to serve (JSON)."""
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -170,6 +169,8 @@ class ServerProcess:
                 data = f.read()
         except OSError:
             return ""
+        from .config import redact
+
         text = data.decode("utf-8", errors="replace")
         return redact("\n".join(text.splitlines()[-lines:]))
 
@@ -230,6 +231,29 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _answers_ok(host: str, port: int, timeout_s: float) -> bool:
+    """Whether ``GET /`` on ``host:port`` answers with status 200 (one connection, closed after).
+
+    ``timeout_s`` bounds the connect and each read. A plain socket rather than an HTTP library:
+    the launcher polls this while the server boots, and it must not import anything that takes
+    CPU from that start-up.
+    """
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s) as conn:
+            netloc = _url(host, port).partition("://")[2]
+            conn.sendall(f"GET / HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\n\r\n".encode("latin-1"))
+            head = b""
+            while b"\r\n" not in head and len(head) < 8192:
+                chunk = conn.recv(8192)
+                if not chunk:
+                    break
+                head += chunk
+    except OSError:  # refused, reset, timed out
+        return False
+    status_line = head.partition(b"\r\n")[0].split()
+    return len(status_line) >= 2 and status_line[0].startswith(b"HTTP/") and status_line[1] == b"200"
 
 
 def _is_loopback(host: str) -> bool:
@@ -390,13 +414,24 @@ class Launcher:
         with self._lock:
             return dict(self._servers)
 
-    def start(self, spec: ServerSpec, *, host: str | None = None, port: int | None = None) -> ServerProcess:
+    def start(
+        self,
+        spec: ServerSpec,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        while_starting: Callable[[], object] | None = None,
+    ) -> ServerProcess:
         """Start one server and wait until it answers ``GET /``.
 
         Args:
             spec: The server to start (``spec.config["entrypoint"]`` names its script).
             host: Address to bind; default ``spec.config["host"]`` or 127.0.0.1.
             port: Port to bind; default ``spec.config["port"]`` or a free one.
+            while_starting: Called once the process is spawned, before waiting for it: work
+                that overlaps the server's start-up (``gym.make`` imports the env's modules
+                there). If it raises, the server is stopped and the error propagates. Its time
+                counts towards ``ready_timeout_s``.
 
         Returns:
             The running server.
@@ -407,6 +442,8 @@ class Launcher:
         """
         proc = self._spawn_new(spec, host, port)
         try:
+            if while_starting is not None:
+                while_starting()
             self._wait_ready(proc)
         except BaseException:
             self._discard(proc)
@@ -546,25 +583,25 @@ class Launcher:
     def _wait_ready(self, proc: ServerProcess) -> None:
         assert proc._popen is not None
         deadline = proc._started + self.ready_timeout_s
-        with httpx.Client(trust_env=False) as client:
-            while True:
-                returncode = proc._popen.poll()
-                if returncode is not None:
-                    _terminate([proc], 1.0)  # workers a dead supervisor left behind
-                    raise ServerCrashed(proc.name, returncode, proc.log_tail())
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise LaunchError(
-                        f"server {proc.name!r} at {proc.url} did not answer GET / with 200 within "
-                        f"{self.ready_timeout_s:g} s; last log lines:\n{proc.log_tail()}\n"
-                        f"Check its log ({proc.log_path}); if it is just slow to start, raise ready_timeout_s."
-                    )
-                try:
-                    if client.get(f"{proc.url}/", timeout=min(1.0, max(remaining, 0.05))).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        asked = False
+        while True:
+            returncode = proc._popen.poll()
+            if returncode is not None:
+                _terminate([proc], 1.0)  # workers a dead supervisor left behind
+                raise ServerCrashed(proc.name, returncode, proc.log_tail())
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and asked:
+                raise LaunchError(
+                    f"server {proc.name!r} at {proc.url} did not answer GET / with 200 within "
+                    f"{self.ready_timeout_s:g} s; last log lines:\n{proc.log_tail()}\n"
+                    f"Check its log ({proc.log_path}); if it is just slow to start, raise ready_timeout_s."
+                )
+            asked = True
+            # The socket listens from the start: a request sent while the server boots waits in
+            # the backlog and is answered as soon as the server accepts.
+            if _answers_ok(proc.host, proc.port, min(1.0, max(remaining, 0.05))):
+                break
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         with self._lock:
             if proc._state == "starting":
                 proc._state = "running"
@@ -721,12 +758,14 @@ _shared_launcher: Launcher | None = None
 _shared_counts: dict[str, int] = {}
 
 
-def acquire_server(spec: ServerSpec) -> ServerProcess:
+def acquire_server(spec: ServerSpec, *, while_starting: Callable[[], object] | None = None) -> ServerProcess:
     """Get the process-wide server for ``spec.instance_name``, starting it on first use.
 
     Every caller in the process shares one process per instance name (a later spec with the
     same name gets the running server). Reference-counted: pair each call with
     :func:`release_server`. Servers are restarted automatically if they die.
+    ``while_starting`` is passed to :meth:`Launcher.start` when this call starts the server
+    (not called when it is already running).
     """
     global _shared_launcher
     with _shared_lock:
@@ -739,7 +778,7 @@ def acquire_server(spec: ServerSpec) -> ServerProcess:
                 proc = _shared_launcher.restart(name)
             _shared_counts[name] += 1
             return proc
-        proc = _shared_launcher.start(spec)
+        proc = _shared_launcher.start(spec, while_starting=while_starting)
         _shared_counts[name] = 1
         return proc
 

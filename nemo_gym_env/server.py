@@ -54,6 +54,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from .metrics import aggregate_metrics
 from .sessions import SESSION_SECRET_ENV, SessionStore
 from .types import (
+    RESERVED_ROUTES,
     AggregateMetrics,
     AggregateMetricsRequest,
     BaseRunRequest,
@@ -86,9 +87,6 @@ logger = logging.getLogger("nemo_gym_env.server")
 
 SESSION_ID_KEY = "session_id"
 """Key of the session id inside the signed cookie, as in NeMo Gym."""
-
-RESERVED_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "openapi.json", "docs", "redoc"})
-"""Route names that are not tools."""
 
 
 class BaseResourcesServerConfig(BaseModel):

@@ -36,7 +36,7 @@ from .launch import (
     _listen,
     _url,
 )
-from .server import SESSION_SECRET_ENV
+from .sessions import SESSION_SECRET_ENV
 
 __all__ = ["serve_server"]
 

@@ -1,4 +1,6 @@
-"""A bounded, expiring store of per-session server state."""
+"""A bounded, expiring store of per-session server state, and the environment variables a
+launcher hands a server process (kept here, in a module with no dependencies, so that the
+package can read them before importing anything heavy)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
-__all__ = ["SESSION_SECRET_ENV", "SessionStore"]
+__all__ = ["SERVER_ENV", "SESSION_SECRET_ENV", "SessionStore"]
+
+SERVER_ENV = "NEMO_GYM_ENV_SERVER"
+"""Environment variable through which the launcher tells a child what to serve (JSON)."""
 
 SESSION_SECRET_ENV = "NEMO_GYM_ENV_SESSION_SECRET"
 """Environment variable through which a launcher hands all workers of one server the same secret."""

@@ -7,7 +7,10 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -15,11 +18,14 @@ from gymnasium.utils.env_checker import check_env
 
 import nemo_gym_env
 from nemo_gym_env import ActionError, NemoGymEnv, ServerError
+from nemo_gym_env.launch import SERVER_ENV
 from nemo_gym_env.types import make_response
 
 from .conftest import BUNDLED, example_rows, play_episode, scripted
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Quito"}}</tool_call>'
 
@@ -278,3 +284,49 @@ def test_render_ansi(launched):
     assert "get_weather" in text and "tool output" in text
     env.close()
 
+
+
+MAKE_ORDER_SCRIPT = """
+import sys
+import gymnasium as gym
+import nemo_gym_env
+from nemo_gym_env import launch
+import nemo_gym_env.env
+assert "openai" not in sys.modules and "fastapi" not in sys.modules, "nemo_gym_env.env imports the heavy stack"
+at_spawn = []
+spawn = launch._spawn
+def observed_spawn(*args, **kwargs):
+    at_spawn.append("openai" in sys.modules)
+    return spawn(*args, **kwargs)
+launch._spawn = observed_spawn
+env = gym.make("NemoGym/example_multi_step-v0")
+obs, info = env.reset(seed=0)
+assert obs and info["tools"]
+assert at_spawn == [False], at_spawn
+assert "openai" in sys.modules and "fastapi" not in sys.modules
+env.close()
+"""
+
+
+def test_make_spawns_the_server_before_importing_the_env_stack():
+    """``gym.make`` starts the embedded server first and imports the env's openai-based modules
+    while it boots (the two overlap); the env process never imports the server stack."""
+    done = subprocess.run([sys.executable, "-c", MAKE_ORDER_SCRIPT], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+SERVER_PROCESS_SCRIPT = """
+import sys
+import nemo_gym_env.server
+assert "gymnasium" not in sys.modules, "a launched server imported gymnasium"
+import gymnasium as gym
+assert nemo_gym_env.env_id("example_multi_step") in gym.registry and nemo_gym_env.GENERIC_ID in gym.registry
+"""
+
+
+def test_launched_server_process_registers_the_ids_only_once_gymnasium_is_imported():
+    env = {**os.environ, SERVER_ENV: "{}"}
+    done = subprocess.run([sys.executable, "-c", SERVER_PROCESS_SCRIPT], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]

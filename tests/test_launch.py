@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -353,6 +354,78 @@ def test_acquire_release_is_shared_and_reference_counted(specs):
     assert "fixture_shared" not in launch.shared_servers()
     with pytest.raises(KeyError):
         release_server("fixture_shared")
+
+
+@pytest.mark.slow
+def test_while_starting_runs_after_the_spawn_and_before_readiness(launcher, specs):
+    seen = []
+
+    def meanwhile():
+        proc = launcher.servers["fixture_ok"]
+        seen.append((proc.status, proc.alive()))
+
+    proc = launcher.start(specs["fixture_ok"], while_starting=meanwhile)
+    assert seen == [("starting", True)] and proc.status == "running"
+    assert httpx.get(f"{proc.url}/").status_code == 200
+
+
+@pytest.mark.slow
+def test_while_starting_that_raises_stops_the_server(launcher, specs):
+    pids = []
+
+    def meanwhile():
+        pids.append(launcher.servers["fixture_ok"].pid)
+        raise RuntimeError("no luck")
+
+    with pytest.raises(RuntimeError, match="no luck"):
+        launcher.start(specs["fixture_ok"], while_starting=meanwhile)
+    assert launcher.servers == {} and _group_alive(pids[0]) == []
+
+
+@pytest.mark.slow
+def test_acquire_runs_while_starting_only_when_it_starts_the_server(specs):
+    spec = dataclasses.replace(specs["fixture_ok"], instance_name="fixture_meanwhile")
+    calls = []
+    first = acquire_server(spec, while_starting=lambda: calls.append("first"))
+    try:
+        second = acquire_server(spec, while_starting=lambda: calls.append("second"))
+        release_server("fixture_meanwhile")
+        assert second is first and calls == ["first"]
+    finally:
+        release_server("fixture_meanwhile")
+    assert not first.alive()
+
+
+def test_readiness_probe_reads_the_status_line():
+    """``_answers_ok`` (the readiness check) against raw sockets: 200 only, anything else is not ready."""
+
+    def serve_once(reply: bytes | None) -> tuple[socket.socket, list[bytes]]:
+        server = socket.create_server(("127.0.0.1", 0))
+        got: list[bytes] = []
+
+        def run():
+            conn, _ = server.accept()
+            with conn:
+                got.append(conn.recv(4096))
+                if reply is not None:
+                    conn.sendall(reply)
+
+        threading.Thread(target=run, daemon=True).start()
+        return server, got
+
+    for reply, ready in [(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", True),
+                         (b"HTTP/1.1 503 Service Unavailable\r\n\r\n", False),
+                         (b"garbage", False), (b"", False)]:
+        server, got = serve_once(reply)
+        with server:
+            assert launch._answers_ok("127.0.0.1", server.getsockname()[1], 2.0) is ready
+        assert got and got[0].startswith(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # listening, never answering: times out
+        assert launch._answers_ok("127.0.0.1", server.getsockname()[1], 0.2) is False
+    free = socket.create_server(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert launch._answers_ok("127.0.0.1", port, 1.0) is False  # refused
 
 
 @pytest.mark.slow

@@ -101,3 +101,22 @@ def test_dataset_rows_checked_with_line_numbers(tmp_path):
     assert len(load_rows(path, strict=False)) == 1
     assert check_row({"responses_create_params": {"input": "hi"}}) is None
     assert input_items({"responses_create_params": {"input": "hi"}}) == [{"role": "user", "content": "hi", "type": "message"}]
+
+
+def test_response_models_are_built_at_import_so_requests_reuse_them():
+    """The SDK defers its models' validators; types.py builds ours once, so every model that
+    holds a Response (the verify request and reply, each server's subclasses) reuses them."""
+    from nemo_gym_env import types
+
+    for model in (types.Response, types.FunctionCall, types.OutputMessage, types.ReasoningItem,
+                  types.InputMessage, types.FunctionCallForTraining, types.ResponseUsage):
+        assert model.__pydantic_complete__, model.__name__
+
+    class MyVerifyRequest(types.BaseVerifyRequest):
+        expected: str
+
+    assert MyVerifyRequest.__pydantic_complete__
+    row = {"responses_create_params": {"input": "hi"}, "expected": "x",
+           "response": types.make_response([{"type": "function_call", "call_id": "c", "name": "f",
+                                             "arguments": "{}"}]).model_dump()}
+    assert isinstance(MyVerifyRequest.model_validate(row).response.output[0], types.FunctionCall)
