@@ -49,7 +49,7 @@ from typing import Any
 from nemo_gym_env.client import ResourcesClient
 from nemo_gym_env.metrics import TASK_INDEX_KEY
 from nemo_gym_env.policies.base import Policy
-from nemo_gym_env.rollouts import FAILURE_CLASS_KEY, RolloutJob, is_failure, run_rollout
+from nemo_gym_env.rollouts import FAILURE_CLASS_KEY, RolloutJob, is_failure, route_row, run_rollout
 
 __all__ = [
     "TOKEN_FIELDS",
@@ -622,16 +622,11 @@ class NemoGymRollouts:
         return row_index, RolloutJob(row, int(task_index), 0, self._client(name), policy, name)
 
     def _server_of(self, row: Mapping[str, Any], row_index: int) -> str:
-        ref = row.get("agent_ref")
-        wanted = ref.get("name") if isinstance(ref, Mapping) else None
-        wanted = self._routes.get(wanted, wanted)
-        if wanted in self.servers:
-            return wanted
-        if len(self.servers) == 1:
-            return next(iter(self.servers))
-        raise ValueError(
-            f"row {row_index}: agent_ref.name is {wanted!r}, which names none of the servers ({', '.join(self.servers)}); "
-            "set agent_ref.name to a server (or an agent whose resources_server names one)")
+        try:
+            return route_row(row, self.servers, self._routes)
+        except ValueError as exc:
+            raise ValueError(f"row {row_index}: {exc}; set agent_ref.name to a server (or an agent whose "
+                             "resources_server names one)") from None
 
     def _client(self, name: str) -> ResourcesClient:
         client = self._clients.get(name)

@@ -370,6 +370,7 @@ def _select_rows(
     from .catalog import bundled_dataset
     from .dataset import iter_rows
     from .metrics import TASK_INDEX_KEY
+    from .rollouts import route_row
 
     problems: list[tuple[str, int, str]] = []
 
@@ -392,20 +393,10 @@ def _select_rows(
     if args.input:
         position = 0
         for number, row in read(args.input):
-            ref = row.get("agent_ref")
-            wanted = ref.get("name") if isinstance(ref, dict) else None
-            wanted = routes.get(wanted, wanted)
-            if len(targets) == 1:
-                target = next(iter(targets.values()))
-            elif wanted in targets:
-                target = targets[wanted]
-            else:
-                reason = (
-                    f"agent_ref names {wanted!r}, which is none of the servers ({', '.join(targets)})"
-                    if wanted
-                    else f"no agent_ref.name to pick one of the servers ({', '.join(targets)}); add one or choose with --server"
-                )
-                problems.append((args.input, number, reason))
+            try:
+                target = targets[route_row(row, targets, routes)]
+            except ValueError as exc:
+                problems.append((args.input, number, f"{exc}; set it, or choose a server with --server"))
                 continue
             target.rows.append((int(row.get(TASK_INDEX_KEY, position)), row))
             position += 1

@@ -437,9 +437,35 @@ class RolloutWriter:
 # ---- metrics -----------------------------------------------------------------------------------
 
 
-def _server_of(row: Mapping[str, Any]) -> str:
+def _agent_name(row: Mapping[str, Any]) -> str | None:
     ref = row.get(AGENT_REF_KEY)
-    return str(ref.get("name")) if isinstance(ref, Mapping) and ref.get("name") else "all"
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _server_of(row: Mapping[str, Any]) -> str:
+    return _agent_name(row) or "all"
+
+
+def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[str, str] | None = None) -> str:
+    """The server a row plays on: the one its ``agent_ref.name`` names, or the only one.
+
+    ``routes`` maps NeMo Gym agent names to server names (a row from a NeMo Gym dataset names
+    its agent, whose config names the resources server).
+
+    Raises:
+        ValueError: several servers and the row names none of them.
+    """
+    names = list(servers)
+    wanted = _agent_name(row)
+    wanted = (routes or {}).get(wanted, wanted) if wanted is not None else None
+    if wanted in names:
+        return wanted
+    if len(names) == 1:
+        return names[0]
+    if wanted is None:
+        raise ValueError(f"no agent_ref.name to pick one of the servers ({', '.join(names)})")
+    raise ValueError(f"agent_ref.name is {wanted!r}, which names none of the servers ({', '.join(names)})")
 
 
 def summarize(output: str | Path) -> dict[str, Any]:

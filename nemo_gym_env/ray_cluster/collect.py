@@ -75,14 +75,14 @@ class _RolloutWorker:
         import asyncio
 
         from nemo_gym_env.client import ResourcesClient
-        from nemo_gym_env.rollouts import RolloutJob, run_rollout
+        from nemo_gym_env.rollouts import RolloutJob, route_row, run_rollout
 
         if self._policy is None:
             self._policy = self._policy_factory()
         settings = self._settings
 
         def job(key: Key, row: dict[str, Any]) -> RolloutJob:
-            name = _server_of(row, self._server_urls, self._routes)
+            name = route_row(row, self._server_urls, self._routes)
             client = self._clients.get(name)
             if client is None:
                 client = self._clients[name] = ResourcesClient(
@@ -102,17 +102,6 @@ class _RolloutWorker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _server_of(row: Mapping[str, Any], urls: Mapping[str, str], routes: Mapping[str, str]) -> str:
-    ref = row.get("agent_ref")
-    wanted = ref.get("name") if isinstance(ref, Mapping) else None
-    wanted = routes.get(wanted, wanted)
-    if wanted in urls:
-        return wanted
-    if len(urls) == 1:
-        return next(iter(urls))
-    raise ValueError(f"agent_ref.name {wanted!r} names none of the servers ({', '.join(urls)})")
 
 
 @dataclass(eq=False)
@@ -176,7 +165,7 @@ def ray_collect(
         WorkersLost: Every worker died with rollouts left.
         TimeoutError: ``timeout_s`` passed with rollouts left.
     """
-    from ..rollouts import apply_sampling
+    from ..rollouts import apply_sampling, route_row
 
     if num_workers < 1 or concurrency < 1 or num_repeats < 1:
         raise ValueError("num_workers, concurrency and num_repeats must be >= 1")
@@ -189,7 +178,7 @@ def ray_collect(
     for position, row in enumerate(rows):
         task = int(row.get(TASK_INDEX_KEY, position))
         prepared = apply_sampling(row, sampling)
-        _server_of(prepared, urls, routes or {})  # a row that names no server fails here, not on a worker
+        route_row(prepared, urls, routes)  # a row that names no server fails here, not on a worker
         for rollout in range(num_repeats):
             if (task, rollout) not in done:
                 jobs[(task, rollout)] = prepared
