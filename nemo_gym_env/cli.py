@@ -275,7 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Start servers and the head server; run until Ctrl-C or SIGTERM."""
     from .config import server_specs
     from .head import HeadServer, head_address
-    from .launch import Launcher, _is_loopback
+    from .launch import Launcher, is_loopback
 
     names, overrides = _split_targets(args.targets)
     cfg = _load(names, overrides, args)
@@ -287,7 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name, stype in _other_instances(cfg):
         _err(f"not starting {name!r} ({stype}): nemo-gym-env plays the agent and the model itself (`rollouts`)")
     host, port = head_address(cfg)
-    if not _is_loopback(host):
+    if not is_loopback(host):
         _err(f"warning: the head server listens on {host}, reachable from the network (secrets stay redacted)")
     started = time.monotonic()
     with _sigterm_raises():

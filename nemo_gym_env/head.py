@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import REDACTED, SECRET_KEY_PATTERN, SERVER_TYPES, redact
-from .launch import DEFAULT_HOST, LaunchError, ServerProcess, _listen, _url
+from .launch import DEFAULT_HOST, LaunchError, ServerProcess, http_url, listen_socket
 
 __all__ = [
     "DEFAULT_HEAD_PORT",
@@ -182,10 +182,10 @@ class HeadServer:
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_HEAD_PORT,
     ):
-        self._sock = _listen(host, port)  # bound now: a taken port fails before any server starts
+        self._sock = listen_socket(host, port)  # bound now: a taken port fails before any server starts
         self.host = host
         self.port = self._sock.getsockname()[1]
-        self.url = _url(host, self.port)
+        self.url = http_url(host, self.port)
         self.cfg = cfg
         self.processes = list(processes)
         self._yaml = ""
@@ -332,5 +332,5 @@ def server_urls_from_global_config(
             if isinstance(impls, Mapping):
                 for impl in impls.values():
                     if isinstance(impl, Mapping) and impl.get("host") and impl.get("port"):
-                        urls[str(name)] = _url(str(impl["host"]), int(impl["port"]))
+                        urls[str(name)] = http_url(str(impl["host"]), int(impl["port"]))
     return urls

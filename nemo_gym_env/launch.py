@@ -75,6 +75,9 @@ __all__ = [
     "ServerCrashed",
     "ServerProcess",
     "acquire_server",
+    "http_url",
+    "is_loopback",
+    "listen_socket",
     "release_server",
     "resolve_entrypoint",
     "serve",
@@ -209,7 +212,8 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
     )
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port) and listening; :class:`LaunchError` if it cannot be."""
     try:
         family, _, _, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -229,7 +233,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _url(host: str, port: int) -> str:
+def http_url(host: str, port: int) -> str:
+    """``http://host:port``, with an IPv6 address in brackets."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
@@ -242,7 +247,7 @@ def _answers_ok(host: str, port: int, timeout_s: float) -> bool:
     """
     try:
         with socket.create_connection((host.strip("[]"), port), timeout=timeout_s) as conn:
-            netloc = _url(host, port).partition("://")[2]
+            netloc = http_url(host, port).partition("://")[2]
             conn.sendall(f"GET / HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\n\r\n".encode("latin-1"))
             head = b""
             while b"\r\n" not in head and len(head) < 8192:
@@ -256,7 +261,8 @@ def _answers_ok(host: str, port: int, timeout_s: float) -> bool:
     return len(status_line) >= 2 and status_line[0].startswith(b"HTTP/") and status_line[1] == b"200"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     try:
@@ -479,7 +485,7 @@ class Launcher:
         _terminate([proc], 5.0)
         try:
             if proc._sock is None:
-                proc._sock = _listen(proc.host, proc.port)
+                proc._sock = listen_socket(proc.host, proc.port)
             proc.restarts += 1
             proc._crashes.clear()
             _append_log(proc, f"restart #{proc.restarts} requested")
@@ -555,11 +561,11 @@ class Launcher:
                 )
             if old is not None:
                 self.stop(spec.instance_name)
-            sock = _listen(host, port)
+            sock = listen_socket(host, port)
             port = sock.getsockname()[1]
             log_path = self.log_dir / f"{spec.instance_name}.log"
             proc = ServerProcess(
-                spec.instance_name, spec, host, port, _url(host, port), 0, log_path, entrypoint, _sock=sock
+                spec.instance_name, spec, host, port, http_url(host, port), 0, log_path, entrypoint, _sock=sock
             )
             try:
                 _spawn(proc, self._parent_fd, self.extra_env, fresh_log=True)
@@ -571,7 +577,7 @@ class Launcher:
             self._servers[proc.name] = proc
         if self._streamer is not None:
             self._streamer.add(proc.name, log_path)
-        if not _is_loopback(host):
+        if not is_loopback(host):
             logger.warning(
                 "server %r listens on %s: reachable from the network, routes unauthenticated",
                 proc.name,

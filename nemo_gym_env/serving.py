@@ -31,10 +31,10 @@ from .launch import (
     PARENT_GONE_GRACE_S,
     SERVER_ENV,
     LaunchError,
-    _is_loopback,
     _killpg,
-    _listen,
-    _url,
+    http_url,
+    is_loopback,
+    listen_socket,
 )
 from .sessions import SESSION_SECRET_ENV
 
@@ -64,9 +64,9 @@ def serve_server(server_cls: type) -> None:
     if info.get("listen_fd") is not None:
         sock = socket.socket(fileno=int(info["listen_fd"]))
     else:
-        sock = _listen(host, int(config.get("port") or DEFAULT_PORT))
+        sock = listen_socket(host, int(config.get("port") or DEFAULT_PORT))
     port = sock.getsockname()[1]
-    if not _is_loopback(host):
+    if not is_loopback(host):
         logger.warning(
             "server %r listens on %s:%d, which is reachable from the network; its routes are "
             "unauthenticated (anyone who can connect can call every tool). Bind 127.0.0.1 unless you mean this.",
@@ -77,7 +77,7 @@ def serve_server(server_cls: type) -> None:
     app = server_cls.from_config(config, name).build_app()  # fail here, before serving, on a bad config
     workers = int(config.get("num_workers") or 1)
     logger.info(
-        "serving %s (%s) at %s with %d worker(s)", name, server_cls.__name__, _url(host, port), workers
+        "serving %s (%s) at %s with %d worker(s)", name, server_cls.__name__, http_url(host, port), workers
     )
     options: dict[str, Any] = {
         "log_level": str(config.get("log_level") or "info").lower(),
