@@ -33,7 +33,7 @@ import numpy as np
 
 from . import launch
 
-__all__ = ["NemoGymEnv", "ActionError", "ServerHandle", "resolve_server", "pick_task"]
+__all__ = ["ActionError", "NemoGymEnv", "ServerHandle", "pick_task", "resolve_server"]
 
 # The rest of what the env uses (openai's Responses types and the pydantic models built on
 # them: ~1 s to import, longer on a busy machine) is imported by _import_runtime, which
@@ -113,6 +113,23 @@ def resolve_server(
     return ServerHandle(process.url, spec.instance_name, default, spec.instance_name)
 
 
+def task_rows(handle: ServerHandle, dataset: str | Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The task rows an env plays: ``dataset``, or the bundled server's own example data."""
+    from .dataset import load_rows
+
+    if dataset is None and handle.default_dataset is None:
+        raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
+    return load_rows(handle.default_dataset if dataset is None else dataset)
+
+
+def action_space_of(rows: Sequence[dict[str, Any]]) -> Any:
+    """The action space of an env over ``rows``: Responses-API output, tools named by the first row."""
+    from .spaces import ResponsesAction
+
+    tools = rows[0]["responses_create_params"].get("tools") or []
+    return ResponsesAction(tool_names=tuple(t.get("name", "") for t in tools if isinstance(t, dict)))
+
+
 def pick_task(rows: Sequence[dict[str, Any]], rng: np.random.Generator,
               options: dict[str, Any] | None) -> tuple[int | None, dict[str, Any]]:
     """The task of a reset: ``options["row"]``, ``options["task_index"]``, or drawn from ``rng``."""
@@ -182,9 +199,7 @@ class NemoGymEnv(gym.Env[list, Any]):
             self.close()
             raise
         try:
-            if dataset is None and self._handle.default_dataset is None:
-                raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
-            self.rows = load_rows(self._handle.default_dataset if dataset is None else dataset)
+            self.rows = task_rows(self._handle, dataset)
         except Exception:
             self.close()
             raise
@@ -192,8 +207,7 @@ class NemoGymEnv(gym.Env[list, Any]):
         self.server_name = self._handle.name
         self.client = ResourcesClient(self.base_url, timeout_s=request_timeout_s, verify_timeout_s=verify_timeout_s)
         self.observation_space = JsonItems()
-        tools = self.rows[0]["responses_create_params"].get("tools") or []
-        self.action_space = ResponsesAction(tool_names=tuple(t.get("name", "") for t in tools if isinstance(t, dict)))
+        self.action_space = action_space_of(self.rows)
         self.episode: Episode | None = None
 
     # ---- Gymnasium API -----------------------------------------------------------------

@@ -36,11 +36,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .actions import ActionError, normalize_action
 from .client import ResourcesClient, ServerError
-from .dataset import load_rows
-from .env import ServerHandle, pick_task, resolve_server
+from .env import ServerHandle, action_space_of, pick_task, resolve_server, task_rows
 from .episode import Episode, StepResult
 from .loop import background_loop
-from .spaces import JsonItems, ResponsesAction
+from .spaces import JsonItems
 
 __all__ = ["NemoGymVectorEnv", "batch_step", "env_seeds", "reset_options"]
 
@@ -90,9 +89,7 @@ class NemoGymVectorEnv(VectorEnv):
         self._handle: ServerHandle | None = resolve_server(server, shards[0] if shards else base_url, config_paths)
         urls = shards or [self._handle.url]
         try:
-            if dataset is None and self._handle.default_dataset is None:
-                raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
-            self.rows = load_rows(self._handle.default_dataset if dataset is None else dataset)
+            self.rows = task_rows(self._handle, dataset)
         except Exception:
             self.close()
             raise
@@ -101,9 +98,7 @@ class NemoGymVectorEnv(VectorEnv):
         """One client per server; sub-env ``i`` uses ``clients[i % len(clients)]``."""
         self.client = self.clients[0]
         self.single_observation_space = JsonItems()
-        tools = self.rows[0]["responses_create_params"].get("tools") or []
-        self.single_action_space = ResponsesAction(tool_names=tuple(t.get("name", "") for t in tools
-                                                                    if isinstance(t, dict)))
+        self.single_action_space = action_space_of(self.rows)
         self.observation_space = Tuple([self.single_observation_space] * num_envs)
         self.action_space = Tuple([self.single_action_space] * num_envs)
         self.episodes: list[Episode | None] = [None] * num_envs
