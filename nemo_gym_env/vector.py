@@ -27,19 +27,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.spaces import Tuple
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .actions import ActionError, normalize_action
+from . import env as _env
 from .client import ResourcesClient, ServerError
 from .env import ServerHandle, action_space_of, pick_task, resolve_server, task_rows
-from .episode import Episode, StepResult
 from .loop import background_loop
 from .spaces import JsonItems
+
+if TYPE_CHECKING:
+    from .episode import Episode, StepResult
 
 __all__ = ["NemoGymVectorEnv", "batch_step", "env_seeds", "reset_options"]
 
@@ -86,7 +88,11 @@ class NemoGymVectorEnv(VectorEnv):
             shards = [str(url).rstrip("/") for url in base_url]
         if shards is not None and not shards:
             raise ValueError("base_url is an empty list; give at least one server URL")
-        self._handle: ServerHandle | None = resolve_server(server, shards[0] if shards else base_url, config_paths)
+        # As gym.make does: the embedded server (if any) is spawned first, and the env's own
+        # modules (openai's types: about a second) are imported while it boots.
+        self._handle: ServerHandle | None = resolve_server(server, shards[0] if shards else base_url, config_paths,
+                                                           while_starting=_env._import_runtime)
+        _env._import_runtime()  # done already if this call started the server
         urls = shards or [self._handle.url]
         try:
             self.rows = task_rows(self._handle, dataset)
@@ -149,7 +155,7 @@ class NemoGymVectorEnv(VectorEnv):
     async def _start(self, i: int, task_index: int | None = None) -> tuple[list, dict]:
         options = None if task_index is None else {"task_index": task_index}
         index, row = pick_task(self.rows, self._rngs[i], options)
-        episode = Episode(self.clients[i % len(self.clients)], row, index, self.max_steps)
+        episode = _env.Episode(self.clients[i % len(self.clients)], row, index, self.max_steps)
         self.episodes[i] = episode
         try:
             obs, info = await episode.start()
@@ -218,9 +224,9 @@ class NemoGymVectorEnv(VectorEnv):
                                  "None is only for ended sub-envs")
             else:
                 try:
-                    turns.append(normalize_action(action, turn=self.episodes[i].turn))
-                except ActionError as exc:
-                    raise ActionError(f"sub-env {first_index + i}: {exc}") from None
+                    turns.append(_env.normalize_action(action, turn=self.episodes[i].turn))
+                except _env.ActionError as exc:
+                    raise _env.ActionError(f"sub-env {first_index + i}: {exc}") from None
         return turns
 
     async def _play(self, turns: list[list[dict[str, Any]] | None]) -> list[tuple[StepResult, dict | None]]:
