@@ -9,13 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import doctest
-import importlib
-import importlib.util
 import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,29 +22,15 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.servers.code_gen import app as app_module
+from nemo_gym_env.servers.code_gen import sandbox as sandbox_module
+from nemo_gym_env.servers.code_gen import scripted
 from nemo_gym_env.types import make_response
 
 NAME = "code_gen"
 HERE = Path(__file__).resolve().parent.parent
 
 
-def _load(module: str) -> Any:
-    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
-    try:
-        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("nemo_gym_env.servers"):
-            raise
-    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-app_module = _load("app")
-sandbox_module = _load("sandbox")
-scripted = _load("scripted")
 Server = app_module.CodeGenResourcesServer
 
 ROWS = [

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import doctest
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +11,14 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.servers.example_multi_step import app as app_module
+from nemo_gym_env.servers.example_multi_step import scripted
 from nemo_gym_env.types import make_response
 
 NAME = "example_multi_step"
 HERE = Path(__file__).resolve().parent.parent
 
 
-def _load(module: str) -> Any:
-    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
-    try:
-        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("nemo_gym_env.servers"):
-            raise
-    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-app_module = _load("app")
-scripted = _load("scripted")
 Server = app_module.ExampleMultiStepResourcesServer
 
 ROWS = [

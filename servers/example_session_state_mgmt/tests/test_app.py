@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import base64
 import doctest
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +13,14 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.servers.example_session_state_mgmt import app as app_module
+from nemo_gym_env.servers.example_session_state_mgmt import scripted
 from nemo_gym_env.types import make_response
 
 NAME = "example_session_state_mgmt"
 HERE = Path(__file__).resolve().parent.parent
 
 
-def _load(module: str) -> Any:
-    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
-    try:
-        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("nemo_gym_env.servers"):
-            raise
-    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-app_module = _load("app")
-scripted = _load("scripted")
 Server = app_module.StatefulCounterResourcesServer
 
 ROWS = [

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import doctest
-import importlib
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,29 +15,14 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_gym_env.servers.instruction_following import app as app_module
+from nemo_gym_env.servers.instruction_following import instructions, scripted
 from nemo_gym_env.types import make_response
 
 NAME = "instruction_following"
 HERE = Path(__file__).resolve().parent.parent
 
 
-def _load(module: str) -> Any:
-    """``nemo_gym_env.servers.<NAME>.<module>`` when installed, else the file beside the tests."""
-    try:
-        return importlib.import_module(f"nemo_gym_env.servers.{NAME}.{module}")
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("nemo_gym_env.servers"):
-            raise
-    spec = importlib.util.spec_from_file_location(f"_{NAME}_{module}", HERE / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-app_module = _load("app")
-instructions = _load("instructions")
-scripted = _load("scripted")
 Server = app_module.InstructionFollowingResourcesServer
 
 ROWS = [
