@@ -517,11 +517,18 @@ def test_ray_address_without_ray_fails_at_start_up() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 def test_ray_tasks_verify() -> None:
+    import ray
+
+    was_connected = ray.is_initialized()
     server = MathResourcesServer.from_config({"ray_address": "local", "verify_timeout_s": 1.0}, name=NAME)
-    with TestClient(server.build_app()) as c:
-        assert verify_reply(c, row_with("0.5"), [message(r"\boxed{\frac12}")])["reward"] == 1.0
-        slow = verify_reply(c, row_with("2"), [message(f"\\boxed{{{SLOW_ANSWER}}}")])
-        assert slow["failure_kind"] == "verify_timeout"
+    try:
+        with TestClient(server.build_app()) as c:
+            assert verify_reply(c, row_with("0.5"), [message(r"\boxed{\frac12}")])["reward"] == 1.0
+            slow = verify_reply(c, row_with("2"), [message(f"\\boxed{{{SLOW_ANSWER}}}")])
+            assert slow["failure_kind"] == "verify_timeout"
+    finally:
+        if not was_connected:  # the private Ray this test started: stop it, or it outlives the test
+            ray.shutdown()
 
 
 def test_defaults() -> None:
