@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message
+
 __all__ = ["SOLUTIONS", "lookup_program", "scripted_action", "wrong_program"]
 
 SOLUTIONS: dict[str, str] = {
@@ -101,12 +103,4 @@ def scripted_action(
     else:
         program = wrong_program(row)
     text = f"Here is my solution.\n\n```python\n{program}```\n"
-    return [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_0",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-    ]
+    return [assistant_message(text, "msg_0")]

@@ -21,53 +21,23 @@ Example:
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
+
+from nemo_gym_env.scripting import CALL_ID, assistant_message, field, function_call, turn_of
 
 __all__ = ["scripted_action", "wrong_values"]
 
-_CALL_ID = re.compile(r"^call_t(\d+)_(\d+)$")
-
-
-def _field(item: Any, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
-
-
-def _turn(history: list[Any]) -> int:
-    """The turn about to be played: one past the latest turn whose tool outputs are in ``history``."""
-    turns = [int(m.group(1)) for item in history if (m := _CALL_ID.match(str(_field(item, "call_id") or "")))]
-    return max(turns) + 1 if turns else 0
-
-
-def _call(turn: int, index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "call_id": f"call_t{turn}_{index}",
-        "name": name,
-        "arguments": json.dumps(arguments),
-        "id": f"fc_t{turn}_{index}",
-    }
-
-
-def _message(turn: int, text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": f"msg_t{turn}",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
 
 
 def _looked_up_values(history: list[Any], count: int) -> list[int]:
     """Values from the turn-0 ``get_synonym_value`` outputs, in call order (0 where unreadable)."""
     values = [0] * count
     for item in history:
-        match = _CALL_ID.match(str(_field(item, "call_id") or ""))
+        match = CALL_ID.match(str(field(item, "call_id") or ""))
         if not match or match.group(1) != "0" or int(match.group(2)) >= count:
             continue
         try:
-            reply = json.loads(_field(item, "output") or "")
+            reply = json.loads(field(item, "output") or "")
             values[int(match.group(2))] = int(reply["synonym_value"])
         except (TypeError, ValueError, KeyError):
             pass
@@ -94,11 +64,11 @@ def scripted_action(
         correct: Play for reward 1.0, or submit wrong values for 0.0.
     """
     synonyms = list(row["expected_synonyms"])
-    turn = _turn(history)
+    turn = turn_of(history)
     if turn == 0 and synonyms:
-        return [_call(0, i, "get_synonym_value", {"synonym": s}) for i, s in enumerate(synonyms)]
+        return [function_call(0, i, "get_synonym_value", {"synonym": s}) for i, s in enumerate(synonyms)]
     if turn <= 1:
         values = _looked_up_values(history, len(synonyms))
         submitted = values if correct else wrong_values(values)
-        return [_call(turn, 0, "extract_synonym_values", {"synonym_values": submitted})]
-    return [_message(turn, f"I looked up {len(synonyms)} synonym values and submitted them.")]
+        return [function_call(turn, 0, "extract_synonym_values", {"synonym_values": submitted})]
+    return [assistant_message(f"I looked up {len(synonyms)} synonym values and submitted them.", f"msg_t{turn}")]

@@ -22,40 +22,11 @@ import json
 import re
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message, field, function_call, turn_of
+
 __all__ = ["increments", "scripted_action"]
 
-_CALL_ID = re.compile(r"^call_t(\d+)_\d+$")
 _INTEGER = re.compile(r"-?\d+")
-
-
-def _field(item: Any, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
-
-
-def _turn(history: list[Any]) -> int:
-    """The turn about to be played: one past the latest turn whose tool outputs are in ``history``."""
-    turns = [int(m.group(1)) for item in history if (m := _CALL_ID.match(str(_field(item, "call_id") or "")))]
-    return max(turns) + 1 if turns else 0
-
-
-def _call(turn: int, index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "call_id": f"call_t{turn}_{index}",
-        "name": name,
-        "arguments": json.dumps(arguments),
-        "id": f"fc_t{turn}_{index}",
-    }
-
-
-def _message(turn: int, text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": f"msg_t{turn}",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
 
 
 def _user_text(row: dict[str, Any]) -> str:
@@ -64,13 +35,13 @@ def _user_text(row: dict[str, Any]) -> str:
         return messages
     texts = []
     for message in messages:
-        if _field(message, "role") != "user":
+        if field(message, "role") != "user":
             continue
-        content = _field(message, "content")
+        content = field(message, "content")
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):
-            texts.extend(str(_field(part, "text") or "") for part in content)
+            texts.extend(str(field(part, "text") or "") for part in content)
     return " ".join(texts)
 
 
@@ -100,21 +71,21 @@ def scripted_action(
             items of earlier steps, in order); empty on the first step.
         correct: Play for reward 1.0, or end the counter off by one for 0.0.
     """
-    turn = _turn(history)
+    turn = turn_of(history)
     if turn == 0:
         return [
-            _call(0, i, "increment_counter", {"count": n})
+            function_call(0, i, "increment_counter", {"count": n})
             for i, n in enumerate(increments(row, correct=correct))
         ]
     if turn == 1:
-        return [_call(1, 0, "get_counter_value", {})]
+        return [function_call(1, 0, "get_counter_value", {})]
     count = "unknown"
     for item in reversed(history):
         try:
-            reply = json.loads(_field(item, "output") or "")
+            reply = json.loads(field(item, "output") or "")
         except (TypeError, ValueError):
             continue
         if isinstance(reply, dict) and isinstance(reply.get("count"), int):
             count = str(reply["count"])
             break
-    return [_message(turn, f"The counter now reads {count}.")]
+    return [assistant_message(f"The counter now reads {count}.", f"msg_t{turn}")]

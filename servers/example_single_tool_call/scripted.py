@@ -17,28 +17,19 @@ import json
 import re
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message, field, function_call, turn_of
+
 __all__ = ["city_of", "scripted_action"]
 
-_CALL_ID = re.compile(r"^call_t(\d+)_\d+$")
 _CAPITALISED = re.compile(r"[A-Z][\w'\-]*(?:\s+[A-Z][\w'\-]*)*")
 DEFAULT_CITY = "Springfield"
-
-
-def _field(item: Any, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
-
-
-def _turn(history: list[Any]) -> int:
-    """The turn about to be played: one past the latest turn whose tool outputs are in ``history``."""
-    turns = [int(m.group(1)) for item in history if (m := _CALL_ID.match(str(_field(item, "call_id") or "")))]
-    return max(turns) + 1 if turns else 0
 
 
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     parts = content if isinstance(content, list) else []
-    return " ".join(str(_field(part, "text") or "") for part in parts)
+    return " ".join(str(field(part, "text") or "") for part in parts)
 
 
 def city_of(row: dict[str, Any]) -> str:
@@ -51,20 +42,10 @@ def city_of(row: dict[str, Any]) -> str:
     if isinstance(messages, str):
         text = messages
     else:
-        users = [m for m in messages if _field(m, "role") == "user"]
-        text = _text(_field(users[-1], "content")) if users else ""
+        users = [m for m in messages if field(m, "role") == "user"]
+        text = _text(field(users[-1], "content")) if users else ""
     names = [m.group(0) for m in _CAPITALISED.finditer(text) if m.start() > 0 and m.group(0) != "I"]
     return names[-1] if names else DEFAULT_CITY
-
-
-def _message(turn: int, text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": f"msg_t{turn}",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
 
 
 def scripted_action(
@@ -78,30 +59,22 @@ def scripted_action(
             items of earlier steps, in order); empty on the first step.
         correct: Play for reward 1.0 (call the tool) or for 0.0 (answer without calling it).
     """
-    turn = _turn(history)
+    turn = turn_of(history)
     city = city_of(row)
     if turn == 0:
         if not correct:
             return [
-                _message(turn, f"I cannot look up the weather in {city}; check a forecast before you go.")
+                assistant_message(f"I cannot look up the weather in {city}; check a forecast before you go.",
+                                  f"msg_t{turn}")
             ]
-        arguments = json.dumps({"city": city})
-        return [
-            {
-                "type": "function_call",
-                "call_id": "call_t0_0",
-                "name": "get_weather",
-                "arguments": arguments,
-                "id": "fc_t0_0",
-            }
-        ]
+        return [function_call(0, 0, "get_weather", {"city": city})]
     description = f"I could not read the weather for {city}."
     for item in reversed(history):
         try:
-            reply = json.loads(_field(item, "output") or "")
+            reply = json.loads(field(item, "output") or "")
         except (TypeError, ValueError):
             continue
         if isinstance(reply, dict) and isinstance(reply.get("weather_description"), str):
             description = reply["weather_description"]
             break
-    return [_message(turn, f"{description} Dress for it.")]
+    return [assistant_message(f"{description} Dress for it.", f"msg_t{turn}")]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message
 from nemo_gym_env.servers.instruction_following.instructions import InstructionError, build
 
 __all__ = ["compose", "scripted_action", "violate"]
@@ -190,12 +191,4 @@ def scripted_action(
     text = compose(row)
     if not correct:
         text = violate(row, text)
-    return [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_0",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-    ]
+    return [assistant_message(text, "msg_0")]

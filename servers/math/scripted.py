@@ -18,6 +18,8 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message
+
 __all__ = ["scripted_action", "wrong_answer"]
 
 
@@ -45,12 +47,4 @@ def scripted_action(
     expected = str(row["expected_answer"])
     answer = expected if correct else wrong_answer(expected)
     text = f"Working through the problem step by step gives a single result.\nThe final answer is $\\boxed{{{answer}}}$."
-    return [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_t0",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-    ]
+    return [assistant_message(text)]

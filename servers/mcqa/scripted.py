@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message
+
 __all__ = ["scripted_action", "wrong_letter"]
 
 
@@ -49,12 +51,4 @@ def scripted_action(
     """
     letter = str(row["expected_answer"]).strip().upper() if correct else wrong_letter(row)
     text = f"I compared each option with what I know and kept one.\nAnswer: \\boxed{{{letter}}}"
-    return [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_t0",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-    ]
+    return [assistant_message(text)]

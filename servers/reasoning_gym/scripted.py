@@ -18,6 +18,7 @@ import functools
 import re
 from typing import Any
 
+from nemo_gym_env.scripting import assistant_message
 from nemo_gym_env.servers.reasoning_gym import tasks
 
 __all__ = ["correct_answer", "scripted_action", "wrong_answer"]
@@ -73,12 +74,4 @@ def scripted_action(
     """
     answer = correct_answer(row)
     text = f"<answer>{answer if correct else wrong_answer(answer)}</answer>"
-    return [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_t0",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-    ]
+    return [assistant_message(text)]

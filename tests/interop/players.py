@@ -19,63 +19,39 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from nemo_gym_env.scripting import CALL_ID, assistant_message, field, function_call, turn_of
+
 __all__ = ["PLAYERS", "Player", "call", "message", "play_episode", "tool_outputs", "turn_of"]
 
 Player = Callable[..., list[dict[str, Any]]]
-
-_CALL_ID = re.compile(r"^call_t(\d+)_(\d+)$")
-
-
-def _field(item: Any, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
-
-
-def turn_of(history: list[Any]) -> int:
-    """The turn about to be played: one past the latest turn with tool outputs in ``history``."""
-    turns = [int(m.group(1)) for item in history if (m := _CALL_ID.match(str(_field(item, "call_id") or "")))]
-    return max(turns) + 1 if turns else 0
-
 
 def tool_outputs(history: list[Any], turn: int) -> list[Any]:
     """The decoded outputs of turn ``turn``'s calls, in call order."""
     found = {}
     for item in history:
-        match = _CALL_ID.match(str(_field(item, "call_id") or ""))
+        match = CALL_ID.match(str(field(item, "call_id") or ""))
         if match and int(match.group(1)) == turn:
-            found[int(match.group(2))] = json.loads(_field(item, "output"))
+            found[int(match.group(2))] = json.loads(field(item, "output"))
     return [found[i] for i in sorted(found)]
 
 
-def call(turn: int, index: int, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
-    """A ``function_call`` item; a str ``arguments`` is sent as is (e.g. malformed JSON)."""
-    return {
-        "type": "function_call",
-        "call_id": f"call_t{turn}_{index}",
-        "name": name,
-        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-        "id": f"fc_t{turn}_{index}",
-    }
+call = function_call
+"""A ``function_call`` item; a str ``arguments`` is sent as is (e.g. malformed JSON)."""
 
 
 def message(turn: int, text: str) -> dict[str, Any]:
-    """An assistant ``message`` item."""
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": f"msg_t{turn}",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
+    """An assistant ``message`` item of turn ``turn``."""
+    return assistant_message(text, f"msg_t{turn}")
 
 
 def _last_user_text(row: dict[str, Any]) -> str:
     messages = row["responses_create_params"]["input"]
     if isinstance(messages, str):
         return messages
-    users = [m for m in messages if _field(m, "role") == "user"]
-    content = _field(users[-1], "content") if users else ""
+    users = [m for m in messages if field(m, "role") == "user"]
+    content = field(users[-1], "content") if users else ""
     if isinstance(content, list):
-        return " ".join(str(_field(part, "text") or "") for part in content)
+        return " ".join(str(field(part, "text") or "") for part in content)
     return str(content)
 
 

@@ -1,0 +1,59 @@
+"""Building blocks of scripted players: deterministic stand-ins for a model, as every bundled
+server ships (``servers/<name>/scripted.py``: tests, the quickstart, benchmarks).
+
+A player is ``scripted_action(row, history, correct=True) -> list of Responses output items``,
+where ``history`` holds the items the env returned since reset. Call ids are
+``call_t<turn>_<index>``, so a player can tell from the tool outputs which turn it is on.
+
+Example:
+    >>> function_call(0, 1, "get_weather", {"city": "Lima"})["call_id"]
+    'call_t0_1'
+    >>> turn_of([{"type": "function_call_output", "call_id": "call_t0_1", "output": "{}"}])
+    1
+    >>> assistant_message("Done.")["content"][0]["text"]
+    'Done.'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["CALL_ID", "assistant_message", "field", "function_call", "turn_of"]
+
+CALL_ID = re.compile(r"^call_t(\d+)_(\d+)$")
+"""A scripted call id: group 1 the turn, group 2 the call's index in that turn."""
+
+
+def field(item: Any, key: str) -> Any:
+    """``item[key]`` for a dict, ``item.key`` for an SDK object; None when missing."""
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
+def turn_of(history: list[Any]) -> int:
+    """The turn about to be played: one past the latest turn whose tool outputs are in ``history``."""
+    turns = [int(m.group(1)) for item in history if (m := CALL_ID.match(str(field(item, "call_id") or "")))]
+    return max(turns) + 1 if turns else 0
+
+
+def function_call(turn: int, index: int, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """A ``function_call`` item with id ``call_t<turn>_<index>``; a str ``arguments`` is sent as is."""
+    return {
+        "type": "function_call",
+        "call_id": f"call_t{turn}_{index}",
+        "name": name,
+        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        "id": f"fc_t{turn}_{index}",
+    }
+
+
+def assistant_message(text: str, item_id: str = "msg_t0") -> dict[str, Any]:
+    """A completed assistant ``message`` item holding ``text``."""
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": item_id,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
