@@ -46,10 +46,12 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
-from nemo_gym_env.client import ResourcesClient
-from nemo_gym_env.metrics import TASK_INDEX_KEY
+from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.policies.base import Policy
-from nemo_gym_env.rollouts import FAILURE_CLASS_KEY, RolloutJob, is_failure, route_row, run_rollout
+from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, TASK_INDEX_KEY
+from nemo_gym_env.rollouts.jobs import RolloutJob, run_rollout
+from nemo_gym_env.rollouts.output import is_failure
+from nemo_gym_env.rollouts.plan import route_row
 
 __all__ = [
     "TOKEN_FIELDS",
@@ -68,7 +70,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-"""The per-call training fields on the last output item of each model call (DESIGN §3)."""
+"""The per-call training fields on the last output item of each model call (docs/architecture.md, "The wire")."""
 
 ROW_INDEX_KEY = "_rowidx"
 """NeMo RL's stable row index, set on every row it sends to ``run_rollouts``."""
@@ -139,7 +141,7 @@ def token_turns(source: Any) -> list[TokenTurn]:
     """The model calls of an episode, in order: every item or turn that carries token data.
 
     Args:
-        source: A :class:`~nemo_gym_env.env.NemoGymEnv` or its ``Episode`` (``env.unwrapped.episode``), a
+        source: A :class:`~nemo_gym_env.envs.env.NemoGymEnv` or its ``Episode`` (``env.unwrapped.episode``), a
             ``/verify`` reply (its ``response.output``), a ``Response`` (``env.unwrapped.response``),
             a list of Responses items, or a list of turns (:class:`PolicyTurn` objects or dicts
             with the three token fields).
@@ -681,7 +683,7 @@ class NemoGymRollouts:
         return [_PinnedPrefix(p) for p in policies] if pin else policies
 
     def _find_servers(self) -> dict[str, str]:
-        from nemo_gym_env.head import fetch_servers
+        from nemo_gym_env.client.head import fetch_servers
 
         settings = self.settings
         if self._server_override:
@@ -695,8 +697,8 @@ class NemoGymRollouts:
         return found
 
     def _specs(self) -> list[Any]:
-        from nemo_gym_env.catalog import bundled_spec
-        from nemo_gym_env.config import ServerSpec, load_config, server_specs
+        from nemo_gym_env.launch.catalog import bundled_spec
+        from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
 
         specs = [bundled_spec(name) for name in self.settings.servers]
         if self.settings.config_paths:
@@ -726,7 +728,7 @@ class NemoGymRollouts:
 
             self._launcher = RayLauncher(host=self.settings.server_host)
         else:
-            from nemo_gym_env.launch import Launcher
+            from nemo_gym_env.launch.launcher import Launcher
 
             self._launcher = Launcher(auto_restart=True)
         return {proc.name: proc.url for proc in self._launcher.start_all(specs)}

@@ -1,6 +1,6 @@
 """TRL adapter: train on any NeMo-Gym-style environment with TRL's ``GRPOTrainer``.
 
-Two routes, both against the same resources servers as :class:`~nemo_gym_env.env.NemoGymEnv`:
+Two routes, both against the same resources servers as :class:`~nemo_gym_env.envs.env.NemoGymEnv`:
 
 ``rollout_func`` (token-exact multi-turn episodes, any policy text format)::
 
@@ -61,16 +61,18 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import gymnasium as gym
 import torch
 
-from ..actions import normalize_action
-from ..catalog import bundled_dataset, bundled_servers
-from ..client import ServerError
-from ..dataset import input_items, load_rows
-from ..episode import Episode
-from ..loop import background_loop
-from ..metrics import numeric_fields
-from ..parser import items_to_text
-from ..policies.chat import content_text, tools_to_chat
-from ..policies.local import _NoContinuation, _Renderer
+from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.envs.actions import normalize_action
+from nemo_gym_env.envs.episode import Episode
+from nemo_gym_env.errors import NoContinuation as _NoContinuation
+from nemo_gym_env.errors import ServerError
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.policies.chat import tools_to_chat
+from nemo_gym_env.policies.render import ChatRenderer as _Renderer
+from nemo_gym_env.protocol.dataset import input_items, load_rows
+from nemo_gym_env.protocol.items import content_text
+from nemo_gym_env.protocol.metrics import numeric_fields
+from nemo_gym_env.protocol.parser import items_to_text
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -452,7 +454,7 @@ class NemoGymRollout:
 
     @property
     def env(self) -> Any:
-        """The underlying :class:`~nemo_gym_env.env.NemoGymEnv` (made, and its server started, on first use)."""
+        """The underlying :class:`~nemo_gym_env.envs.env.NemoGymEnv` (made, and its server started, on first use)."""
         with self._lock:
             if self._env is None:
                 self._env = gym.make(self.env_id, max_steps=self.max_turns, **self.env_kwargs).unwrapped

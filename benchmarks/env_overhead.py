@@ -85,8 +85,8 @@ class RawSocket:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import httpx
 
-    from nemo_gym_env.env import NemoGymEnv
-    from nemo_gym_env.loop import background_loop
+    from nemo_gym_env.client.loop import background_loop
+    from nemo_gym_env.envs.env import NemoGymEnv
 
     args = parse_args(argv)
     order = random.Random(args.seed)

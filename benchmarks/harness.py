@@ -34,8 +34,8 @@ def launched(server: str = SERVER, *, count: int = 1, **config: Any) -> Iterator
     ``config`` overrides keys of the server's YAML block (``num_workers=2``, ``max_sessions=...``).
     Each process is started separately (its own port): ``count > 1`` is the sharded layout.
     """
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     base = bundled_spec(server)
     with Launcher() as launcher:
@@ -49,8 +49,8 @@ def launched(server: str = SERVER, *, count: int = 1, **config: Any) -> Iterator
 
 def tasks(server: str = SERVER) -> list[dict[str, Any]]:
     """The bundled server's example rows."""
-    from nemo_gym_env.catalog import bundled_dataset
-    from nemo_gym_env.dataset import load_rows
+    from nemo_gym_env.launch.catalog import bundled_dataset
+    from nemo_gym_env.protocol.dataset import load_rows
 
     return load_rows(bundled_dataset(server))
 
@@ -70,8 +70,8 @@ def scripted_requests(row: dict[str, Any], server: str = SERVER) -> list[tuple[s
     are computed by playing the episode against the real tool logic in-process, so the
     bodies match the env's byte for byte except for ids and timestamps.
     """
-    from nemo_gym_env.actions import normalize_action
-    from nemo_gym_env.types import FunctionCallOutput, make_response
+    from nemo_gym_env.envs.actions import normalize_action
+    from nemo_gym_env.protocol.types import FunctionCallOutput, make_response
 
     play = player(server)
     tool_logic = _tool_logic(server)

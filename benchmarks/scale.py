@@ -67,7 +67,7 @@ class _Sampler(threading.Thread):
 
 def timed_vector_env(**kwargs: Any) -> Any:
     """A ``NemoGymVectorEnv`` that records each sub-env step's latency from the vector step's start."""
-    from nemo_gym_env.vector import NemoGymVectorEnv
+    from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
     class Timed(NemoGymVectorEnv):
         def __init__(self, **kwargs: Any):

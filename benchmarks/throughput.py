@@ -107,9 +107,9 @@ def run_vector(urls: list[str], rows: list[dict], num_envs: int, settings: Setti
     """Play scripted episodes on a vector env of ``num_envs``; returns counts, rate and timings.
 
     ``make_env(base_url=, dataset=, num_envs=, **kwargs)`` builds the vector env
-    (default :class:`~nemo_gym_env.vector.NemoGymVectorEnv`).
+    (default :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`).
     """
-    from nemo_gym_env.vector import NemoGymVectorEnv
+    from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
     play = harness.player()
     kwargs: dict[str, Any] = {"max_in_flight": settings.max_in_flight} if settings.max_in_flight else {}

@@ -99,8 +99,8 @@ def build_bodies(
     Episode rewards are known for tool servers (the env's verify); for single-turn servers
     they are filled in by the sanity pass.
     """
-    from nemo_gym_env.env import NemoGymEnv
-    from nemo_gym_env.types import make_response
+    from nemo_gym_env.envs.env import NemoGymEnv
+    from nemo_gym_env.protocol.types import make_response
 
     try:
         first = play(rows[0], [], correct=True)
@@ -270,10 +270,11 @@ def _server_cpu_s(pid: int) -> float | None:
 
 def run_server(name: str, settings: Settings) -> dict[str, Any]:
     """Benchmark one bundled server; a dict for the results file (``status`` ok or skipped)."""
-    from nemo_gym_env.catalog import bundled_dataset, bundled_spec
-    from nemo_gym_env.dataset import load_rows
-    from nemo_gym_env.launch import Launcher, LaunchError
+    from nemo_gym_env.errors import LaunchError
+    from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
     from nemo_gym_env.policies import scripted_player
+    from nemo_gym_env.protocol.dataset import load_rows
 
     try:
         play = scripted_player(name)
@@ -351,7 +352,7 @@ def _sanity(url: str, payloads: list[bytes]) -> list[float]:
 
 def discover(requested: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Bundled servers to run, and the requested names that are not bundled (with the reason)."""
-    from nemo_gym_env.catalog import bundled_servers
+    from nemo_gym_env.launch.catalog import bundled_servers
 
     bundled = sorted(bundled_servers())
     if not requested:

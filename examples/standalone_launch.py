@@ -19,16 +19,21 @@ import asyncio
 import gymnasium as gym
 
 import nemo_gym_env  # noqa: F401  (registers NemoGym/Generic-v0)
-from nemo_gym_env.catalog import bundled_dataset
-from nemo_gym_env.config import load_config, server_specs
-from nemo_gym_env.dataset import load_rows
-from nemo_gym_env.head import HeadServer, fetch_global_config, fetch_servers
-from nemo_gym_env.launch import Launcher
+from nemo_gym_env.client import fetch_global_config, fetch_servers
+from nemo_gym_env.launch import (
+    HeadServer,
+    Launcher,
+    bundled_config_path,
+    bundled_dataset,
+    load_config,
+    server_specs,
+)
 from nemo_gym_env.policies import ScriptedPolicy
+from nemo_gym_env.protocol import load_rows
 from nemo_gym_env.rollouts import collect
 
 SERVER = "example_multi_step"
-CONFIG = bundled_dataset(SERVER).parent.parent / "configs" / f"{SERVER}.yaml"
+CONFIG = bundled_config_path(SERVER)
 
 
 def one_episode(base_url: str) -> float:

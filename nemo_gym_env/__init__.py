@@ -8,41 +8,57 @@ generic ``NemoGym/Generic-v0``::
 
     env = gym.make("NemoGym/example_multi_step-v0")
 
-The env classes load lazily, so server processes and verifier workers that import a
+One folder per side of the wire (``docs/architecture.md`` shows how they meet):
+
+- ``protocol/``: the wire with no I/O (types, items, model-text parser, datasets, metrics);
+- ``client/``: the HTTP transport, the resources-server client, the background event loop;
+- ``server/``: what a resources server's ``app.py`` imports (``nemo_gym_env.server``);
+- ``launch/``: configs, the bundled catalog, server processes, the head server;
+- ``envs/``: the Gymnasium env and vector env;
+- ``rollouts/``: collecting rollouts into JSONL; ``policies/``: what plays the model;
+- ``ray_cluster/``: scale-out on Ray; ``adapters/``: TRL and NeMo RL; ``cli/``: ``nemo-gym-env``;
+- ``errors``: every public error, under :class:`~nemo_gym_env.errors.NemoGymError`.
+
+The names below load lazily, so server processes and verifier workers that import a
 submodule do not pay for the env stack; in a server process started by the launcher the ids
 are registered only once ``gymnasium`` is imported (see
-:func:`~nemo_gym_env.registration.register_envs_on_gymnasium_import`).
+:func:`~nemo_gym_env.envs.registration.register_envs_on_gymnasium_import`). Modules that
+moved into these folders still import under their old paths (:data:`nemo_gym_env.imports.MOVED`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .registration import GENERIC_ID, env_id, register_envs, register_envs_on_gymnasium_import
-from .sessions import SERVER_ENV as _SERVER_ENV
+from nemo_gym_env.envs.registration import (
+    GENERIC_ID,
+    env_id,
+    register_envs,
+    register_envs_on_gymnasium_import,
+)
+from nemo_gym_env.imports import install_moved_modules, lazy_exports
+from nemo_gym_env.launch.child_env import SERVER_ENV
 
-__all__ = ["NemoGymEnv", "NemoGymVectorEnv", "ActionError", "ServerError", "GENERIC_ID", "env_id",
-           "register_envs", "__version__"]
+if TYPE_CHECKING:
+    from nemo_gym_env.envs.env import NemoGymEnv
+    from nemo_gym_env.envs.vector import NemoGymVectorEnv
+    from nemo_gym_env.errors import ActionError, NemoGymError, ServerError
+
+__all__ = ["GENERIC_ID", "ActionError", "NemoGymEnv", "NemoGymError", "NemoGymVectorEnv", "ServerError",
+           "__version__", "env_id", "register_envs"]
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "NemoGymEnv": ".env",
-    "ActionError": ".actions",
-    "ServerError": ".client",
-    "NemoGymVectorEnv": ".vector",
-}
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "NemoGymEnv": "nemo_gym_env.envs.env",
+    "NemoGymVectorEnv": "nemo_gym_env.envs.vector",
+    **dict.fromkeys(("ActionError", "NemoGymError", "ServerError"), "nemo_gym_env.errors"),
+})
 
+install_moved_modules()
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module 'nemo_gym_env' has no attribute {name!r}")
-
-
-if os.environ.get(_SERVER_ENV) is None:
+if os.environ.get(SERVER_ENV) is None:
     register_envs()
 else:  # a launched resources server: it serves without Gymnasium
     register_envs_on_gymnasium_import()

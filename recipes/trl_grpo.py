@@ -9,8 +9,9 @@ the loss (``env_mask``). Rewards are the server's ``/verify`` rewards.
     python recipes/trl_grpo.py env=NemoGym/example_multi_step-v0 steps=50 max_turns=6
     python recipes/trl_grpo.py --config-name gpu_vllm            # GPU: vLLM colocate, bf16
 
-Settings are the ``Settings`` dataclass below; values come from ``recipes/conf/trl_grpo.yaml``
-and ``key=value`` on the command line (Hydra). See ``recipes/README.md``.
+Settings are the ``Settings`` dataclass below, the only place a default lives; ``key=value`` on
+the command line overrides them (Hydra), and a preset in ``recipes/conf/`` (``gpu_vllm.yaml``)
+overrides a few at once. See ``recipes/README.md``.
 """
 
 import dataclasses
@@ -78,13 +79,18 @@ class Settings:
     """Write the reward curve (PNG) here at the end"""
 
 
+# The dataclass is the config; the stored entry only adds where Hydra writes its own files.
 ConfigStore.instance().store(name="settings_schema", node=Settings)
+ConfigStore.instance().store(name="trl_grpo", node={
+    "defaults": ["settings_schema", "_self_"],
+    "hydra": {"run": {"dir": "${output_dir}/hydra"}, "output_subdir": None},
+})
 
 
 def launch_server(args: Settings) -> tuple[Any, dict[str, Any]]:
     """Start the bundled server with ``server_config`` overrides; gym.make's own start cannot take them."""
-    from nemo_gym_env.catalog import bundled_dataset, bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     server = args.env.split("/")[-1].rsplit("-v", 1)[0]
     spec = bundled_spec(server)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.catalog import bundled_servers
+from nemo_gym_env.launch.catalog import bundled_servers
 
 EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
 BUNDLED = sorted(bundled_servers())
@@ -21,7 +21,7 @@ def scripted(server: str) -> Callable:
 
 
 def example_rows(server: str) -> list[dict]:
-    from nemo_gym_env.catalog import bundled_dataset
+    from nemo_gym_env.launch.catalog import bundled_dataset
 
     return [json.loads(line) for line in Path(bundled_dataset(server)).read_text().splitlines() if line.strip()]
 
@@ -43,8 +43,8 @@ def play_episode(env, server: str, *, correct: bool = True, **reset_kwargs) -> t
 @pytest.fixture(scope="session")
 def launched() -> Iterator[dict[str, str]]:
     """One launched process per example server for the whole session: name -> base URL."""
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher() as launcher:
         processes = launcher.start_all([bundled_spec(name) for name in EXAMPLES])

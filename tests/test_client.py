@@ -15,7 +15,8 @@ from typing import Self
 
 import pytest
 
-from nemo_gym_env.client import ResourcesClient, ServerError
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.errors import ServerError
 
 
 class RawServer:
@@ -157,7 +158,7 @@ def test_server_closing_an_idle_connection_is_noticed():
 
 def test_a_connection_closed_while_the_loop_was_busy_is_not_reused():
     """The server's FIN arrived but the loop has not read it yet: the socket itself says so."""
-    from nemo_gym_env.client import _pool
+    from nemo_gym_env.client.transport import _pool
 
     async def main():
         async with RawServer() as server:

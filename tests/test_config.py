@@ -8,18 +8,16 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_gym_env.config import (
-    REDACTED,
-    SECRET_KEY_PATTERN,
+from nemo_gym_env.errors import ConfigError
+from nemo_gym_env.launch.config import (
     SERVER_TYPES,
-    ConfigError,
     ServerSpec,
     load_config,
     parse_overrides,
-    redact,
     server_specs,
     to_yaml,
 )
+from nemo_gym_env.launch.redaction import REDACTED, SECRET_KEY_PATTERN, redact
 
 REAL_NG_CONFIG = Path(os.environ.get("NEMO_GYM_WHEEL_DIR", "/nonexistent")) / "resources_servers/example_multi_step/configs/example_multi_step.yaml"
 

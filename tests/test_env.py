@@ -18,8 +18,8 @@ from gymnasium.utils.env_checker import check_env
 
 import nemo_gym_env
 from nemo_gym_env import ActionError, NemoGymEnv, ServerError
-from nemo_gym_env.launch import SERVER_ENV
-from nemo_gym_env.types import make_response
+from nemo_gym_env.launch.child_env import SERVER_ENV
+from nemo_gym_env.protocol.types import make_response
 
 from .conftest import BUNDLED, example_rows, play_episode, scripted
 
@@ -223,8 +223,8 @@ def test_server_down_at_reset_names_server_and_route():
 
 
 def test_server_killed_mid_episode_truncates_with_error():
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher() as launcher:
         process = launcher.start(bundled_spec("example_session_state_mgmt"))
@@ -290,15 +290,15 @@ MAKE_ORDER_SCRIPT = """
 import sys
 import gymnasium as gym
 import nemo_gym_env
-from nemo_gym_env import launch
-import nemo_gym_env.env
-assert "openai" not in sys.modules and "fastapi" not in sys.modules, "nemo_gym_env.env imports the heavy stack"
+from nemo_gym_env.launch import launcher
+import nemo_gym_env.envs.make
+assert "openai" not in sys.modules and "fastapi" not in sys.modules, "gym.make's entry point imports the heavy stack"
 at_spawn = []
-spawn = launch._spawn
+spawn = launcher._spawn
 def observed_spawn(*args, **kwargs):
     at_spawn.append("openai" in sys.modules)
     return spawn(*args, **kwargs)
-launch._spawn = observed_spawn
+launcher._spawn = observed_spawn
 env = gym.make("NemoGym/example_multi_step-v0")
 obs, info = env.reset(seed=0)
 assert obs and info["tools"]

@@ -20,9 +20,12 @@ import httpx
 import pytest
 
 from nemo_gym_env import launch
-from nemo_gym_env.catalog import UnknownServerError, bundled_dataset, bundled_servers, bundled_spec
-from nemo_gym_env.config import ServerSpec, load_config, server_specs
-from nemo_gym_env.launch import Launcher, LaunchError, ServerCrashed, acquire_server, release_server
+from nemo_gym_env.errors import LaunchError, ServerCrashed, UnknownServerError
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.launch.net import answers_ok
+from nemo_gym_env.launch.shared import acquire_server, release_server
 from nemo_gym_env.server import SESSION_SECRET_ENV
 
 FIXTURES = Path(__file__).parent / "launch_fixtures"
@@ -272,7 +275,7 @@ def test_auto_restart_serves_again_on_the_same_port(specs):
 
 @pytest.mark.slow
 def test_auto_restart_gives_up_on_a_crash_loop(specs, monkeypatch):
-    monkeypatch.setattr(launch, "MAX_CRASHES", 1)
+    monkeypatch.setattr("nemo_gym_env.launch.launcher.MAX_CRASHES", 1)
     with Launcher(auto_restart=True) as launcher:
         proc = launcher.start(specs["fixture_ok"])
         proc.entrypoint = launch.resolve_entrypoint(specs["fixture_crash"])  # every restart now crashes
@@ -418,14 +421,14 @@ def test_readiness_probe_reads_the_status_line():
                          (b"garbage", False), (b"", False)]:
         server, got = serve_once(reply)
         with server:
-            assert launch._answers_ok("127.0.0.1", server.getsockname()[1], 2.0) is ready
+            assert answers_ok("127.0.0.1", server.getsockname()[1], 2.0) is ready
         assert got and got[0].startswith(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:")
     with socket.create_server(("127.0.0.1", 0)) as server:  # listening, never answering: times out
-        assert launch._answers_ok("127.0.0.1", server.getsockname()[1], 0.2) is False
+        assert answers_ok("127.0.0.1", server.getsockname()[1], 0.2) is False
     free = socket.create_server(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()
-    assert launch._answers_ok("127.0.0.1", port, 1.0) is False  # refused
+    assert answers_ok("127.0.0.1", port, 1.0) is False  # refused
 
 
 @pytest.mark.slow

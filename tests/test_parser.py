@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_env.parser import items_to_text, parse_model_text, render_tool_call
-from nemo_gym_env.spaces import JsonItems
+from nemo_gym_env.envs.spaces import JsonItems
+from nemo_gym_env.protocol.parser import items_to_text, parse_model_text, render_tool_call
 
 FRAGMENTS = [
     "<think>",

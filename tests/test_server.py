@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from itsdangerous import TimestampSigner
 from pydantic import BaseModel
 
+from nemo_gym_env.protocol.types import BaseVerifyRequest, BaseVerifyResponse, make_response
 from nemo_gym_env.server import SESSION_ID_KEY, BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.sessions import SessionStore
-from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse, make_response
+from nemo_gym_env.server.sessions import SessionStore
 
 ROW = {"responses_create_params": {"input": "count"}, "expected": 3}
 RESPONSE = make_response([]).model_dump(mode="json")

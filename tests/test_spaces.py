@@ -12,8 +12,8 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_env.parser import parse_model_text
-from nemo_gym_env.spaces import ALL_ITEM_TYPES, JsonItems, ResponsesAction, is_json_value
+from nemo_gym_env.envs.spaces import ALL_ITEM_TYPES, JsonItems, ResponsesAction, is_json_value
+from nemo_gym_env.protocol.parser import parse_model_text
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -206,7 +206,7 @@ def test_action_contains_false(value: object) -> None:
 
 
 def test_action_contains_pydantic_models() -> None:
-    from nemo_gym_env.types import FunctionCall, FunctionCallOutput, make_response
+    from nemo_gym_env.protocol.types import FunctionCall, FunctionCallOutput, make_response
 
     call = FunctionCall(call_id="call_1", name="add", arguments="{}", id="fc_1", status="completed")
     space = ResponsesAction()

@@ -7,9 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from nemo_gym_env.dataset import DatasetError, check_row, input_items, iter_rows, load_rows
-from nemo_gym_env.metrics import aggregate_metrics, pass_at_k
-from nemo_gym_env.types import (
+from nemo_gym_env.errors import DatasetError
+from nemo_gym_env.protocol.dataset import check_row, input_items, iter_rows, load_rows
+from nemo_gym_env.protocol.metrics import aggregate_metrics, pass_at_k
+from nemo_gym_env.protocol.types import (
     BaseRunRequest,
     BaseVerifyRequest,
     BaseVerifyResponse,

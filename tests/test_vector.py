@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 import nemo_gym_env  # noqa: F401
 from nemo_gym_env import ActionError, NemoGymEnv
-from nemo_gym_env.vector import NemoGymVectorEnv
+from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
 from .conftest import example_rows, scripted
 
@@ -165,8 +165,8 @@ def test_bad_action_names_sub_env_and_changes_nothing(launched):
 
 def test_killed_server_truncates_its_episodes_only():
     """Two servers; killing one truncates its sub-envs with an error, the other env goes on."""
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher() as launcher:
         doomed = launcher.start(bundled_spec(SERVER))
@@ -186,8 +186,8 @@ def test_killed_server_truncates_its_episodes_only():
 
 def test_one_failing_sub_env_does_not_stop_the_others(launched):
     """Per-request failures are isolated: a hanging tool call times out only its sub-env."""
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     envs = _vec(launched, 3, request_timeout_s=5)
     obs, _ = envs.reset(seed=0)
@@ -208,8 +208,8 @@ def test_base_url_list_pins_each_sub_env_to_one_server():
     session state (the counter server) is found at /verify; rewards prove no episode hopped."""
     import dataclasses
 
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     server = "example_session_state_mgmt"
     with Launcher() as launcher:

@@ -3,11 +3,11 @@
 - :class:`ScriptedPolicy`: deterministic scripted players of the bundled servers (tests, demos).
 - :class:`OpenAIPolicy`: any OpenAI-compatible endpoint, Responses or Chat Completions
   (OpenAI, vLLM, ...).
-- :class:`LocalPolicy` (``nemo_gym_env.policies.local``, the ``local`` extra): a Hugging Face
-  transformers model on CPU or GPU, keeping token ids and log-probs per turn; by default the
-  embedded SmolLM2-135M-Instruct.
+- :class:`LocalPolicy` (the ``local`` extra): a Hugging Face transformers model on CPU or GPU,
+  keeping token ids and log-probs per turn; by default the embedded SmolLM2-135M-Instruct.
 
-:func:`make_policy` builds any of them by name.
+:func:`make_policy` builds any of them by name; :mod:`~nemo_gym_env.policies.render` turns an
+episode into a chat template's text, token-exactly (the TRL adapter uses it too).
 
 Example:
     >>> policy = make_policy("scripted", server="example_single_tool_call")
@@ -17,65 +17,36 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .base import Policy, PolicyRequest, PolicyTurn
-from .openai_compat import OpenAIPolicy, PolicyError
-from .scripted import ScriptedPolicy, scripted_player
+from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
-    from .local import LocalPolicy
+    from nemo_gym_env.errors import PolicyError
+    from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+    from nemo_gym_env.policies.factory import POLICY_KINDS, make_policy
+    from nemo_gym_env.policies.local import LocalPolicy
+    from nemo_gym_env.policies.openai_compat import OpenAIPolicy
+    from nemo_gym_env.policies.scripted import ScriptedPolicy, scripted_player
 
 __all__ = [
+    "POLICY_KINDS",
+    "LocalPolicy",
+    "OpenAIPolicy",
     "Policy",
+    "PolicyError",
     "PolicyRequest",
     "PolicyTurn",
-    "PolicyError",
     "ScriptedPolicy",
-    "OpenAIPolicy",
-    "LocalPolicy",
     "make_policy",
     "scripted_player",
 ]
 
-POLICY_KINDS = ("scripted", "openai", "local")
-"""The ``kind`` names :func:`make_policy` knows."""
-
-
-def __getattr__(name: str) -> Any:
-    # LocalPolicy imports torch: only on first use.
-    if name == "LocalPolicy":
-        from .local import LocalPolicy
-
-        return LocalPolicy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def make_policy(kind: str, **kwargs: Any) -> Policy:
-    """Build a policy by kind.
-
-    Args:
-        kind: ``"scripted"`` (:class:`ScriptedPolicy`: ``server=``, ``correct=``),
-            ``"openai"`` (:class:`OpenAIPolicy`: ``model=``, ``base_url=``, ``api_key=``,
-            ``api=``...; or ``config=`` a loaded config holding ``policy_base_url``,
-            ``policy_api_key``, ``policy_model_name``, plus overrides) or ``"local"``
-            (:class:`LocalPolicy`: ``model_path=``, ``device=``, ``seed=``...).
-        **kwargs: The chosen class's arguments.
-
-    Raises:
-        ValueError: An unknown kind.
-
-    Example:
-        >>> make_policy("openai", model="m", base_url="http://127.0.0.1:8000/v1", api="chat")
-        OpenAIPolicy(model='m', base_url='http://127.0.0.1:8000/v1', api='chat', api_key=None)
-    """
-    if kind == "scripted":
-        return ScriptedPolicy(**kwargs)
-    if kind == "openai":
-        config = kwargs.pop("config", None)
-        return OpenAIPolicy.from_config(config, **kwargs) if config is not None else OpenAIPolicy(**kwargs)
-    if kind == "local":
-        from .local import LocalPolicy
-
-        return LocalPolicy(**kwargs)
-    raise ValueError(f"unknown policy kind {kind!r}; expected one of {', '.join(POLICY_KINDS)}")
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "PolicyError": "nemo_gym_env.errors",
+    **dict.fromkeys(("Policy", "PolicyRequest", "PolicyTurn"), "nemo_gym_env.policies.base"),
+    **dict.fromkeys(("POLICY_KINDS", "make_policy"), "nemo_gym_env.policies.factory"),
+    "LocalPolicy": "nemo_gym_env.policies.local",
+    "OpenAIPolicy": "nemo_gym_env.policies.openai_compat",
+    **dict.fromkeys(("ScriptedPolicy", "scripted_player"), "nemo_gym_env.policies.scripted"),
+})

@@ -19,7 +19,7 @@ model items of one turn        one ``{"role": "assistant"}``: message text as ``
 =============================  ===================================================================
 
 Back from an assistant message: ``reasoning_content`` (or vLLM's newer ``reasoning``) becomes a
-``reasoning`` item; the text goes through :func:`~nemo_gym_env.parser.parse_model_text`, so a
+``reasoning`` item; the text goes through :func:`~nemo_gym_env.protocol.parser.parse_model_text`, so a
 server without a tool-call parser that leaves Hermes ``<tool_call>`` markup in ``content`` still
 gives ``function_call`` items; ``tool_calls`` become ``function_call`` items keeping their ids.
 
@@ -43,51 +43,21 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from ..parser import parse_model_text
+from nemo_gym_env.protocol.items import content_text, is_model_item, plain, reasoning_text
+from nemo_gym_env.protocol.parser import parse_model_text
 
 __all__ = ["chat_message_to_items", "content_text", "responses_to_chat_messages", "tools_to_chat"]
 
 ReasoningFormat = Literal["think", "field", "drop"]
 
-_MODEL_ITEM_TYPES = ("reasoning", "function_call")
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
-
-
-def _plain(value: Any) -> Any:
-    """SDK/pydantic objects as plain dicts; everything else unchanged."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", exclude_none=True)
-    return value
-
-
-def content_text(content: Any) -> str:
-    """The text of a message ``content``: a string, or the text/refusal parts joined.
-
-    Example:
-        >>> content_text([{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}])
-        'ab'
-    """
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for part in content:
-        part = _plain(part)
-        if isinstance(part, str):
-            parts.append(part)
-        elif isinstance(part, dict):
-            text = part.get("text", part.get("refusal"))
-            if isinstance(text, str):
-                parts.append(text)
-    return "".join(parts)
 
 
 def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     """User/system content for chat: one string, or parts when there are images."""
     if content is None or isinstance(content, str):
         return content or ""
-    parts = [_plain(part) for part in content]
+    parts = [plain(part) for part in content]
     if all(isinstance(p, dict) and p.get("type") in (*_TEXT_PARTS, "refusal") for p in parts):
         return content_text(parts)
     converted: list[dict[str, Any]] = []
@@ -108,12 +78,6 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     return converted
 
 
-def _reasoning_text(item: dict[str, Any]) -> str:
-    parts = item.get("summary") or item.get("content") or []
-    texts = [content_text([part]).strip() for part in parts]
-    return "\n\n".join(text for text in texts if text)
-
-
 def _arguments(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -131,7 +95,7 @@ class _Turn:
     def add(self, item: dict[str, Any]) -> None:
         kind = item.get("type", "message")
         if kind == "reasoning":
-            text = _reasoning_text(item)
+            text = reasoning_text(item)
             if text:
                 self.reasoning.append(text)
         elif kind == "function_call":
@@ -158,13 +122,6 @@ class _Turn:
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
         return message
-
-
-def _is_model_item(item: dict[str, Any]) -> bool:
-    kind = item.get("type")
-    if kind in _MODEL_ITEM_TYPES:
-        return True
-    return kind in (None, "message") and item.get("role") == "assistant"
 
 
 def responses_to_chat_messages(
@@ -206,10 +163,10 @@ def responses_to_chat_messages(
         messages.append({"role": "system", "content": instructions})
     turn: _Turn | None = None
     for position, raw in enumerate(items):
-        item = _plain(raw)
+        item = plain(raw)
         if not isinstance(item, dict):
             raise TypeError(f"item {position} is a {type(item).__name__}, not a Responses item")
-        if _is_model_item(item):
+        if is_model_item(item):
             turn = turn or _Turn()
             turn.add(item)
             continue
@@ -262,7 +219,7 @@ def chat_message_to_items(message: Any, id_prefix: str) -> list[dict[str, Any]]:
         >>> items[1]["call_id"]
         'call_9'
     """
-    message = _plain(message)
+    message = plain(message)
     if not isinstance(message, dict):
         raise TypeError(f"a chat message must be an object, got {type(message).__name__}")
     field = message.get("reasoning_content") or message.get("reasoning")
@@ -270,7 +227,7 @@ def chat_message_to_items(message: Any, id_prefix: str) -> list[dict[str, Any]]:
     refusal = message.get("refusal")
 
     thoughts = [field.strip()] if isinstance(field, str) and field.strip() else []
-    thoughts += [_reasoning_text(i) for i in parsed if i["type"] == "reasoning"]
+    thoughts += [reasoning_text(i) for i in parsed if i["type"] == "reasoning"]
     items: list[dict[str, Any]] = []
     if any(thoughts):
         items.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": "\n\n".join(t for t in thoughts if t)}]})
@@ -283,7 +240,7 @@ def chat_message_to_items(message: Any, id_prefix: str) -> list[dict[str, Any]]:
     items += [i for i in parsed if i["type"] == "function_call"]
     structured_from = len(items)
     for call in message.get("tool_calls") or []:
-        call = _plain(call)
+        call = plain(call)
         function = call.get("function") or {}
         if not isinstance(function.get("name"), str):
             raise ValueError(f"tool call {call.get('id')!r} has no function name")
@@ -317,7 +274,7 @@ def tools_to_chat(tools: Iterable[Any] | None) -> list[dict[str, Any]]:
     """
     converted: list[dict[str, Any]] = []
     for position, raw in enumerate(tools or []):
-        tool = _plain(raw)
+        tool = plain(raw)
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise ValueError(

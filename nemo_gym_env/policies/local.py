@@ -5,9 +5,9 @@ Prompts come from the tokenizer's chat template. When the template takes tools
 ``tool`` messages. Otherwise (SmolLM2's template ignores tools) the tool schemas are written
 into the system prompt in Hermes form (``<tools>`` JSON lines and the ``<tool_call>`` reply
 format) and tool outputs come back as user turns of ``<tool_response>`` blocks. The model's
-text is parsed by :func:`~nemo_gym_env.parser.parse_model_text`.
+text is parsed by :func:`~nemo_gym_env.protocol.parser.parse_model_text`.
 
-Token invariant (DESIGN §3): the model's own tokens are never re-tokenized. Turn k's prompt is
+Token invariant (docs/architecture.md, "The wire"): the model's own tokens are never re-tokenized. Turn k's prompt is
 turn k-1's prompt, plus its generated tokens, plus the tokenized rendering of only the new
 environment messages. That rendering comes from the chat template itself: render a stand-in
 assistant turn, render it again followed by the new messages with the generation prompt, and
@@ -37,7 +37,6 @@ Example (the first use downloads 93 MB and writes about 640 MB to the cache)::
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -48,149 +47,19 @@ from typing import Any
 
 import torch
 
-from ..parser import items_to_text, parse_model_text
-from .base import Policy, PolicyRequest, PolicyTurn
-from .chat import content_text, tools_to_chat
-from .models import DEFAULT_MODEL_NAME, default_model_dir
+from nemo_gym_env.errors import NoContinuation
+from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.policies.chat import tools_to_chat
+from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
+from nemo_gym_env.policies.render import ChatRenderer
+from nemo_gym_env.protocol.items import is_model_item
+from nemo_gym_env.protocol.parser import parse_model_text
 
 __all__ = ["LocalPolicy"]
 
 log = logging.getLogger(__name__)
 
-_PLACEHOLDER = "\u2063NGE-ASSISTANT-TURN\u2063"
-_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7c1", "description": "probe",
-                                                "parameters": {"type": "object", "properties": {}}}}
 _RECENT_TURNS = 4096
-_TOOL_RESPONSE = "_nge_tool_response"  # marks a rendered tool output until consecutive ones are merged
-
-
-def _hermes_tools_block(tools: list[dict[str, Any]]) -> str:
-    lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return (
-        "# Tools\n\n"
-        "You can call the functions whose signatures are listed, one JSON object per line, "
-        f"between <tools></tools>:\n<tools>\n{lines}\n</tools>\n\n"
-        "To call one, reply with its name and arguments as a JSON object between <tool_call></tool_call>:\n"
-        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
-        "Results come back between <tool_response></tool_response>."
-    )
-
-
-class _NoContinuation(Exception):
-    """The chat template cannot render new messages as a suffix of earlier ones."""
-
-
-class _Renderer:
-    """Responses items -> chat-template text for one tokenizer."""
-
-    def __init__(self, tokenizer: Any):
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; LocalPolicy needs an instruct/chat model")
-        self.tokenizer = tokenizer
-        probe = [{"role": "user", "content": "x"}]
-        try:
-            self.native_tools = self.render(probe, [_PROBE_TOOL], False) != self.render(probe, None, False)
-        except Exception:  # noqa: BLE001 - a template that chokes on tools= does not take them
-            self.native_tools = False
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
-        )
-
-    def template_tools(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-        """Tools for ``apply_chat_template``: the chat-shaped list, or None when they go into the system prompt."""
-        return tools if (tools and self.native_tools) else None
-
-    def messages(self, input: Any, history: list[dict[str, Any]], tools: list[dict[str, Any]],
-                 instructions: str | None = None) -> list[dict[str, Any]]:
-        """The whole conversation as template messages (for a first turn, or a foreign history)."""
-        items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
-        if instructions:
-            items.insert(0, {"role": "system", "content": instructions})
-        names = {i.get("call_id"): i.get("name") for i in [*items, *history] if i.get("type") == "function_call"}
-        messages: list[dict[str, Any]] = []
-        for item in items:
-            role = item.get("role")
-            if item.get("type", "message") != "message" or role not in ("system", "developer", "user", "assistant"):
-                messages.append(self._env_message(item, names))
-                continue
-            messages.append({"role": "system" if role == "developer" else role, "content": content_text(item.get("content"))})
-        if tools and not self.native_tools:
-            block = _hermes_tools_block(tools)
-            if messages and messages[0]["role"] == "system":
-                messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}
-            else:
-                messages.insert(0, {"role": "system", "content": block})
-        run: list[dict[str, Any]] = []
-        for item in history:
-            if _is_model_item(item):
-                run.append(item)
-                continue
-            if run:
-                messages.append({"role": "assistant", "content": items_to_text(run)})
-                run = []
-            messages.append(self._env_message(item, names))
-        if run:
-            messages.append({"role": "assistant", "content": items_to_text(run)})
-        return _merge_tool_responses(messages)
-
-    def env_messages(self, items: list[dict[str, Any]], *, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Template messages for environment items (tool outputs, user messages)."""
-        names = {i.get("call_id"): i.get("name") for i in history if i.get("type") == "function_call"}
-        return _merge_tool_responses([self._env_message(item, names) for item in items])
-
-    def _env_message(self, item: dict[str, Any], names: dict[Any, Any]) -> dict[str, Any]:
-        kind = item.get("type", "message")
-        if kind == "function_call_output":
-            output = item.get("output")
-            output = output if isinstance(output, str) else content_text(output)
-            if not self.native_tools:
-                return {"role": "user", "content": f"<tool_response>\n{output}\n</tool_response>", _TOOL_RESPONSE: True}
-            message = {"role": "tool", "content": output, "tool_call_id": item.get("call_id")}
-            if names.get(item.get("call_id")):
-                message["name"] = names[item.get("call_id")]
-            return message
-        if kind == "message" and item.get("role") in ("user", "system", "developer"):
-            return {"role": "user" if item["role"] == "user" else "system", "content": content_text(item.get("content"))}
-        raise ValueError(f"LocalPolicy cannot render an environment item of type {kind!r}")
-
-    def continuation(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     generated_end: str | None) -> str:
-        """Text that follows a finished assistant turn: its closing markup, ``new_messages``, the generation prompt.
-
-        ``generated_end`` is the text of the generation's last token when it was an end-of-turn
-        token (already in the prompt, so not repeated), else None.
-        """
-        base = [{"role": "user", "content": "."}, {"role": "assistant", "content": _PLACEHOLDER}]
-        try:
-            before = self.render(base, tools, False)
-            after = self.render(base + new_messages, tools, True)
-        except Exception as exc:  # noqa: BLE001 - any template error means: render the whole conversation
-            raise _NoContinuation(f"the chat template failed on a continuation ({exc})") from None
-        at = before.find(_PLACEHOLDER)
-        if at < 0 or not after.startswith(before):
-            raise _NoContinuation("the chat template re-renders earlier turns when new messages follow")
-        closing = before[at + len(_PLACEHOLDER):]
-        if generated_end and closing.startswith(generated_end):
-            closing = closing[len(generated_end):]
-        return closing + after[len(before):]
-
-
-def _merge_tool_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Consecutive ``<tool_response>`` user turns become one user turn, one block per line."""
-    merged: list[dict[str, Any]] = []
-    for message in messages:
-        if message.get(_TOOL_RESPONSE) and merged and merged[-1].get(_TOOL_RESPONSE):
-            merged[-1] = {**merged[-1], "content": merged[-1]["content"] + "\n" + message["content"]}
-        else:
-            merged.append(message)
-    return [{k: v for k, v in m.items() if k != _TOOL_RESPONSE} for m in merged]
-
-
-def _is_model_item(item: dict[str, Any]) -> bool:
-    kind = item.get("type", "message")
-    return kind in ("function_call", "reasoning") or (kind == "message" and item.get("role") == "assistant")
 
 
 class LocalPolicy(Policy):
@@ -256,7 +125,7 @@ class LocalPolicy(Policy):
         self.top_p = top_p
         self.seed = seed
         self.name = f"local:{label}"
-        self._renderer = _Renderer(self.tokenizer)
+        self._renderer = ChatRenderer(self.tokenizer)
         self._end_ids = self._end_of_turn_ids()
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._end_ids)
@@ -285,7 +154,7 @@ class LocalPolicy(Policy):
 
     def _previous_tokens(self, history: list[dict[str, Any]]) -> tuple[list[int] | None, int]:
         """Every token of this policy's last turn in ``history`` (prompt + generation), and where its items end."""
-        last = max((n for n, item in enumerate(history) if _is_model_item(item)), default=None)
+        last = max((n for n, item in enumerate(history) if is_model_item(item)), default=None)
         if last is None:
             return None, 0
         item = history[last]
@@ -312,7 +181,7 @@ class LocalPolicy(Policy):
             try:
                 messages = self._renderer.env_messages(new, history=request.history)
                 return seen + self._encode(self._renderer.continuation(messages, template_tools, last))
-            except _NoContinuation as exc:
+            except NoContinuation as exc:
                 log.warning("%s: %s; rendering the whole conversation, so this prompt does not extend the "
                             "previous one (NeMo RL will reject the rollout)", self.name, exc)
         instructions = (request.sampling or {}).get("instructions")

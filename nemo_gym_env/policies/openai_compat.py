@@ -19,7 +19,7 @@ Token data: when the endpoint returns it, the turn carries ``prompt_token_ids``,
 ``return_tokens_as_token_ids`` is on), and NeMo Gym's per-message
 ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``; from Responses
 replies, the same three fields on output items. ``token_data=True`` asks a vLLM chat
-endpoint for them. Whether each prompt extends the previous one (DESIGN §3) is up to the
+endpoint for them. Whether each prompt extends the previous one (docs/architecture.md, "The wire") is up to the
 server's tokenization; a policy that sees it broken logs a warning.
 
 Example:
@@ -41,8 +41,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
-from .base import Policy, PolicyRequest, PolicyTurn
-from .chat import ReasoningFormat, chat_message_to_items, responses_to_chat_messages, tools_to_chat
+from nemo_gym_env.errors import PolicyError
+from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.policies.chat import (
+    ReasoningFormat,
+    chat_message_to_items,
+    responses_to_chat_messages,
+    tools_to_chat,
+)
+from nemo_gym_env.protocol.items import plain
 
 __all__ = ["OpenAIPolicy", "PolicyError"]
 
@@ -53,18 +60,6 @@ _ACTION_TYPES = ("message", "function_call", "reasoning")
 _RESPONSES_SAMPLING = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
                        "tool_choice", "instructions")
 _SECRET_SHAPES = re.compile(r"(Bearer\s+)\S+|\bsk-[A-Za-z0-9_\-]{6,}", re.IGNORECASE)
-
-
-class PolicyError(RuntimeError):
-    """A model call that failed for good: after retries, or with a reply that is not a turn.
-
-    Attributes:
-        status_code: The HTTP status of the last reply, when there was one.
-    """
-
-    def __init__(self, message: str, *, status_code: int | None = None):
-        super().__init__(message)
-        self.status_code = status_code
 
 
 class _Secret:
@@ -94,12 +89,6 @@ def _safe_url(url: str | None) -> str | None:
         netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
     return url
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", exclude_none=True)
-    return value
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -206,7 +195,7 @@ class OpenAIPolicy(Policy):
         """A policy from a loaded config's ``policy_base_url``, ``policy_api_key``, ``policy_model_name``.
 
         Args:
-            config: A mapping (or OmegaConf config) such as :func:`nemo_gym_env.config.load_config`
+            config: A mapping (or OmegaConf config) such as :func:`nemo_gym_env.launch.config.load_config`
                 returns; ``env.yaml`` usually holds these keys.
             **overrides: Any other constructor argument (``api``, ``sampling``...).
 
@@ -270,7 +259,7 @@ class OpenAIPolicy(Policy):
         items = [{"role": "user", "content": request.input}] if isinstance(request.input, str) else request.input
         body: dict[str, Any] = {"model": self.model, "input": [_strip_tokens(i) for i in [*items, *request.history]]}
         if request.tools:
-            body["tools"] = [_plain(t) for t in request.tools]
+            body["tools"] = [plain(t) for t in request.tools]
         body.update(self._params(request))
         if not request.tools:
             body.pop("tool_choice", None)
@@ -283,7 +272,7 @@ class OpenAIPolicy(Policy):
         prompt = generation = log_probs = None
         items_out: list[dict[str, Any]] = []
         for raw in output:
-            item = _plain(raw)
+            item = plain(raw)
             if not isinstance(item, dict) or item.get("type") not in _ACTION_TYPES:
                 log.warning("%s: dropping output item of type %r (not an env action)", self._where(),
                             item.get("type") if isinstance(item, dict) else type(item).__name__)
@@ -334,7 +323,7 @@ class OpenAIPolicy(Policy):
     async def _send(self, call: Any) -> Any:
         """Await one SDK call (retries included); failures become a :class:`PolicyError`."""
         try:
-            return _plain(await call)
+            return plain(await call)
         except openai.APIError as exc:
             raise self._error(exc) from None
         except ValueError as exc:  # a body the SDK could not decode
@@ -404,14 +393,14 @@ def _config_value(config: Mapping[str, Any], key: str) -> Any:
 
 
 def _strip_tokens(item: Any) -> Any:
-    item = _plain(item)
+    item = plain(item)
     if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
         return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
     return item
 
 
 def _chat_tool_choice(choice: Any) -> Any:
-    choice = _plain(choice)
+    choice = plain(choice)
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
     return choice

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 
 __all__ = ["ScriptedPolicy", "scripted_player"]
 

@@ -2,7 +2,7 @@
 
 Each worker is a Ray actor with its own event loop, its own policy (built by
 ``policy_factory`` on the worker) and its own connection pool, playing many episodes at once
-with :func:`~nemo_gym_env.rollouts.run_rollout`. The driver hands out the rollouts in chunks,
+with :func:`~nemo_gym_env.rollouts.jobs.run_rollout`. The driver hands out the rollouts in chunks,
 two chunks in flight per worker so none idles between chunks, and reads each chunk back as a
 Ray streaming generator, one row per finished episode::
 
@@ -19,33 +19,29 @@ yielded twice. When every worker is gone, :class:`WorkersLost` names the rollout
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
-from .connection import connect, import_ray, kill_actor, lost_worker_errors, remote_class
+from nemo_gym_env.errors import WorkersLost
+from nemo_gym_env.protocol.keys import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+from nemo_gym_env.ray_cluster.connection import (
+    connect,
+    import_ray,
+    kill_actor,
+    lost_worker_errors,
+    remote_class,
+)
+from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, run_rollout
+from nemo_gym_env.rollouts.plan import route_row
 
 __all__ = ["WorkersLost", "ray_collect"]
 
 Key = tuple[int, int]
-
-
-class WorkersLost(RuntimeError):
-    """Every Ray worker died before the collection finished.
-
-    Attributes:
-        missing: The ``(task_index, rollout_index)`` pairs that never finished.
-    """
-
-    def __init__(self, message: str, missing: list[Key]):
-        super().__init__(message)
-        self.missing = missing
-
-    def __reduce__(self) -> tuple:
-        return type(self), (self.args[0], self.missing)
 
 
 class _RolloutWorker:
@@ -53,42 +49,28 @@ class _RolloutWorker:
 
     def __init__(self, policy_factory: Callable[[], Any], server_urls: dict[str, str], routes: dict[str, str],
                  settings: dict[str, Any]):
-        import asyncio
-
         self._policy_factory = policy_factory
         self._policy: Any = None
         self._server_urls = server_urls
         self._routes = routes
         self._settings = settings
-        self._clients: dict[str, Any] = {}
+        self._clients = ServerClients(server_urls, timeout_s=settings["request_timeout_s"])
         self._slots = asyncio.Semaphore(settings["concurrency"])  # shared by this worker's chunks
 
     def where(self) -> dict[str, Any]:
-        import os
-
-        import ray
+        import ray  # the optional dependency: only inside a Ray worker
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
     async def run(self, chunk: list[tuple[Key, dict[str, Any]]]) -> Any:
         """Play a chunk of rollouts; yield each finished row (an output or a failure row)."""
-        import asyncio
-
-        from nemo_gym_env.client import ResourcesClient
-        from nemo_gym_env.rollouts import RolloutJob, route_row, run_rollout
-
         if self._policy is None:
             self._policy = self._policy_factory()
         settings = self._settings
 
         def job(key: Key, row: dict[str, Any]) -> RolloutJob:
             name = route_row(row, self._server_urls, self._routes)
-            client = self._clients.get(name)
-            if client is None:
-                client = self._clients[name] = ResourcesClient(
-                    self._server_urls[name], timeout_s=settings["request_timeout_s"],
-                    verify_timeout_s=settings["request_timeout_s"])
-            return RolloutJob(row, key[0], key[1], client, self._policy, name)
+            return RolloutJob(row, key[0], key[1], self._clients[name], self._policy, name)
 
         async def play(job: RolloutJob) -> dict[str, Any]:
             async with self._slots:  # the worker's bound, over all its chunks in flight
@@ -145,7 +127,7 @@ def ray_collect(
         chunk_size: Rollouts handed to a worker at a time (default ``concurrency``); smaller
             chunks lose less work when a worker dies and balance slow tails better.
         max_steps: Model turns before an episode is verified anyway.
-        sampling: Overrides of ``responses_create_params`` (as in :func:`~nemo_gym_env.rollouts.collect`).
+        sampling: Overrides of ``responses_create_params`` (as in :func:`~nemo_gym_env.rollouts.jobs.collect`).
         skip: ``(task_index, rollout_index)`` pairs already done (resume).
         routes: Agent name -> server name, for rows whose ``agent_ref`` names a NeMo Gym agent.
         num_cpus_per_worker: CPUs each worker reserves (spreads workers over nodes).
@@ -158,15 +140,13 @@ def ray_collect(
 
     Yields:
         Output rows (the ``/verify`` reply with ``_ng_task_index``/``_ng_rollout_index``) and
-        failure rows (:func:`~nemo_gym_env.rollouts.is_failure`), in (task, rollout) order,
+        failure rows (:func:`~nemo_gym_env.rollouts.output.is_failure`), in (task, rollout) order,
         each exactly once.
 
     Raises:
         WorkersLost: Every worker died with rollouts left.
         TimeoutError: ``timeout_s`` passed with rollouts left.
     """
-    from ..rollouts import apply_sampling, route_row
-
     if num_workers < 1 or concurrency < 1 or num_repeats < 1:
         raise ValueError("num_workers, concurrency and num_repeats must be >= 1")
     ray = import_ray()

@@ -1,7 +1,7 @@
 """``RayLauncher``: resources servers placed on Ray cluster nodes, with the ``Launcher`` surface.
 
 Each server gets a small Ray actor on some node (the nodes taken in turn by default, or
-pinned to one). The actor runs a :class:`~nemo_gym_env.launch.Launcher` there, which serves the
+pinned to one). The actor runs a :class:`~nemo_gym_env.launch.launcher.Launcher` there, which serves the
 server as a uvicorn process on the node's address exactly as a local launch does
 (``serving.serve_server`` -> the class's ``from_config`` + ``build_app``; signed sessions, a
 fresh secret per server, readiness, restarts, a log file) and reports its URL back::
@@ -33,9 +33,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
-from ..config import ServerSpec
-from ..launch import LaunchError
-from .connection import RAY_ADDRESS_KEY, connect, import_ray, kill_actor, remote_class, remote_message
+from nemo_gym_env.errors import LaunchError
+from nemo_gym_env.launch.config import ServerSpec
+from nemo_gym_env.ray_cluster.connection import (
+    RAY_ADDRESS_KEY,
+    connect,
+    import_ray,
+    kill_actor,
+    remote_class,
+    remote_message,
+)
 
 __all__ = ["RayLauncher", "RayServer"]
 
@@ -46,7 +53,7 @@ class _ServerHost:
     """The per-server actor: a Launcher on its node (wrapped by ``ray.remote`` on first use)."""
 
     def __init__(self, ready_timeout_s: float, auto_restart: bool):
-        from nemo_gym_env.launch import Launcher
+        from nemo_gym_env.launch.launcher import Launcher
 
         self._launcher = Launcher(ready_timeout_s=ready_timeout_s, auto_restart=auto_restart)
         self._name: str | None = None
@@ -83,7 +90,7 @@ class _ServerHost:
 
 @dataclass(eq=False)
 class RayServer:
-    """One server placed on the cluster; the attributes of :class:`~nemo_gym_env.launch.ServerProcess`.
+    """One server placed on the cluster; the attributes of :class:`~nemo_gym_env.launch.launcher.ServerProcess`.
 
     Attributes:
         name: The instance name.
@@ -122,7 +129,7 @@ class RayServer:
 
 
 class RayLauncher:
-    """Starts resources servers on Ray cluster nodes; the surface of :class:`~nemo_gym_env.launch.Launcher`.
+    """Starts resources servers on Ray cluster nodes; the surface of :class:`~nemo_gym_env.launch.launcher.Launcher`.
 
     Args:
         address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`); None joins the one

@@ -1,7 +1,7 @@
 """``RayVectorEnv``: one Gymnasium vector env whose sub-envs are spread over Ray workers.
 
 The sub-envs are cut into contiguous shards, one per worker. Each worker is a Ray actor
-holding a :class:`~nemo_gym_env.vector.NemoGymVectorEnv` of its shard, so its HTTP, JSON and
+holding a :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv` of its shard, so its HTTP, JSON and
 ``Response`` validation run on that worker's own event loop and CPU; the driver only slices
 the actions, fans each call out to every worker at once and joins the results in sub-env
 order. The policy stays in the driver, as with any vector env::
@@ -29,17 +29,27 @@ once with ``SAME_STEP``, at the next ``reset`` with ``DISABLED``). The other sha
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Tuple
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from ..actions import ActionError
-from ..vector import batch_step, env_seeds, reset_options
-from .connection import connect, import_ray, kill_actor, lost_worker_errors, remote_class, remote_message
+from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
+from nemo_gym_env.errors import ActionError
+from nemo_gym_env.ray_cluster.connection import (
+    connect,
+    import_ray,
+    kill_actor,
+    lost_worker_errors,
+    remote_class,
+    remote_message,
+)
 
 __all__ = ["RayVectorEnv"]
 
@@ -47,23 +57,19 @@ StepOut = tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
 class _ShardWorker:
-    """One shard's :class:`~nemo_gym_env.vector.NemoGymVectorEnv` in a Ray actor (wrapped by ``ray.remote`` on first use).
+    """One shard's :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv` in a Ray actor (wrapped by ``ray.remote`` on first use).
 
     Every call returns the shard's state with its result: which sub-envs need a reset and the
     task each one plays, so the driver can replay them if this worker dies.
     """
 
     def __init__(self, env_kwargs: dict[str, Any], num_envs: int, first_index: int):
-        from nemo_gym_env.vector import NemoGymVectorEnv
-
         self.env = NemoGymVectorEnv(num_envs=num_envs, **env_kwargs)
         self.first_index = first_index
         self._turns: list | None = None
 
     def where(self) -> dict[str, Any]:
-        import os
-
-        import ray
+        import ray  # the optional dependency: only inside a Ray worker
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
@@ -71,30 +77,26 @@ class _ShardWorker:
         return self.env.single_observation_space, self.env.single_action_space
 
     def state(self) -> tuple[list[bool], list[int | None]]:
-        return self.env._needs_reset.tolist(), [getattr(e, "task_index", None) for e in self.env.episodes]
+        return (~self.env.live_mask).tolist(), [getattr(e, "task_index", None) for e in self.env.episodes]
 
     def reset(self, seeds: list[int | None], mask: list[bool], task_indices: list[int | None] | None) -> Any:
-        from nemo_gym_env.loop import background_loop
-
         self._turns = None
-        return background_loop().run(self.env._reset_each(seeds, mask, task_indices)), self.state()
+        return background_loop().run(self.env.reset_some(seeds, mask, task_indices)), self.state()
 
     def prepare(self, actions: list[Any]) -> tuple[str, str] | None:
         """Check the shard's actions; keep them for :meth:`play`. Returns ``(error type, message)`` or None."""
         try:
-            self._turns = self.env._turns(actions, first_index=self.first_index)
+            self._turns = self.env.check_actions(actions, first_index=self.first_index)
         except (ActionError, ValueError) as exc:
             self._turns = None
             return type(exc).__name__, str(exc)
         return None
 
     def play(self) -> Any:
-        from nemo_gym_env.loop import background_loop
-
         if self._turns is None:
             raise RuntimeError("play() without a successful prepare()")
         turns, self._turns = self._turns, None
-        return background_loop().run(self.env._play(turns)), self.state()
+        return background_loop().run(self.env.play_turns(turns)), self.state()
 
     def close(self) -> None:
         self.env.close()
@@ -129,11 +131,11 @@ class RayVectorEnv(VectorEnv):
         base_url: A running server's URL or a list of identical servers' URLs, reachable from
             every worker. Without it each worker starts the bundled ``server`` on its node.
         dataset: Task rows (a list, sent to the workers) or a JSONL path that exists on every node.
-        autoreset_mode: As :class:`~nemo_gym_env.vector.NemoGymVectorEnv`.
+        autoreset_mode: As :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`.
         num_cpus_per_worker: CPUs each worker reserves (spreads the workers over the nodes).
         address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`).
         call_timeout_s: Longest a worker may take for one reset or step before it is counted lost.
-        **env_kwargs: The rest of :class:`~nemo_gym_env.vector.NemoGymVectorEnv`'s arguments
+        **env_kwargs: The rest of :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`'s arguments
             (``max_steps``, ``request_timeout_s``, ``verify_timeout_s``, ``max_in_flight``, ``config_paths``).
     """
 
@@ -196,7 +198,7 @@ class RayVectorEnv(VectorEnv):
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """As :meth:`NemoGymVectorEnv.reset <nemo_gym_env.vector.NemoGymVectorEnv.reset>`:
+        """As :meth:`NemoGymVectorEnv.reset <nemo_gym_env.envs.vector.NemoGymVectorEnv.reset>`:
         ``seed`` an int (sub-env ``i`` gets ``seed + i``) or a list; ``options["task_indices"]``,
         ``options["reset_mask"]``."""
         mask, task_indices = reset_options(options, self.num_envs)
@@ -362,10 +364,6 @@ class RayVectorEnv(VectorEnv):
 
 
 def _server_of_id(env_id: str) -> str:
-    import gymnasium as gym
-
-    import nemo_gym_env  # noqa: F401  (registers the ids)
-
     spec = gym.spec(env_id)
     server = spec.kwargs.get("server")
     if server is None:

@@ -50,8 +50,8 @@ class PrepareSettings:
 
 def prepare(settings: PrepareSettings) -> None:
     """Write NeMo RL's train/validation files: valid rows, each with ``agent_ref`` naming the server."""
-    from nemo_gym_env.catalog import bundled_dataset
-    from nemo_gym_env.dataset import iter_rows
+    from nemo_gym_env.launch.catalog import bundled_dataset
+    from nemo_gym_env.protocol.dataset import iter_rows
 
     source = Path(settings.input) if settings.input else bundled_dataset(settings.server)
     rows, bad = [], 0

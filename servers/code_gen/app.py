@@ -36,10 +36,16 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
+from nemo_gym_env.errors import TaskTimeout
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym_env.server.workers import RayRunner
 from nemo_gym_env.servers.code_gen.sandbox import Limits, RunResult, Sandbox, run_sandboxed
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
-from nemo_gym_env.workers import RayRunner, TaskTimeout
 
 __all__ = [
     "CodeGenResourcesServer",

@@ -27,8 +27,13 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, Field, StrictInt, TypeAdapter, ValidationError
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
 
 __all__ = [
     "ExampleMultiStepResourcesServer",

@@ -24,12 +24,13 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import (
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
     BaseSeedSessionRequest,
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    SimpleResourcesServer,
 )
 
 __all__ = [

@@ -21,8 +21,12 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
 
 __all__ = [
     "GetWeatherRequest",

@@ -22,9 +22,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
 from nemo_gym_env.servers.instruction_following.instructions import Instruction, InstructionError, build
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
 
 __all__ = [
     "GradingMode",

@@ -29,18 +29,18 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
+from nemo_gym_env.errors import TaskTimeout
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym_env.server.workers import ProcessPoolRunner, RayRunner, TaskRunner, default_workers
 from nemo_gym_env.servers.math.answer import AnswerFallback, extract_answer, last_assistant_text
 from nemo_gym_env.servers.math.equivalence import equivalent, init_worker
 from nemo_gym_env.servers.math.judge import JudgeError, MathJudge
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
-from nemo_gym_env.workers import (
-    ProcessPoolRunner,
-    RayRunner,
-    TaskRunner,
-    TaskTimeout,
-    default_workers,
-)
 
 __all__ = [
     "MathResourcesServer",

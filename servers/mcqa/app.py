@@ -31,7 +31,15 @@ from typing import Any, Literal
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
+from nemo_gym_env.errors import TaskTimeout
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym_env.server.workers import ProcessPoolRunner
 from nemo_gym_env.servers.math.answer import last_assistant_text
 from nemo_gym_env.servers.mcqa.choices import (
     answer_colon_letter,
@@ -41,8 +49,6 @@ from nemo_gym_env.servers.mcqa.choices import (
     option_letters,
     strict_boxed_letter,
 )
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
-from nemo_gym_env.workers import ProcessPoolRunner, TaskTimeout
 
 __all__ = [
     "GradingMode",

@@ -30,6 +30,15 @@ import os
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import Field, StrictInt, model_validator
+
+from nemo_gym_env.server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
 from nemo_gym_env.servers.reasoning_gym import tasks
 from nemo_gym_env.servers.reasoning_gym.answers import (
     AnswerFallback,
@@ -44,10 +53,6 @@ from nemo_gym_env.servers.reasoning_gym.pool import (
     WorkerPool,
     WorkerTimeout,
 )
-from pydantic import Field, StrictInt, model_validator
-
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse
 
 __all__ = [
     "ReasoningGymResourcesServer",

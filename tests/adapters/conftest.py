@@ -57,7 +57,7 @@ def secret_rows() -> list[dict]:
 
 
 def secret_spec():
-    from nemo_gym_env.config import load_config, server_specs
+    from nemo_gym_env.launch.config import load_config, server_specs
 
     return server_specs(load_config([SECRET_WORDS_YAML], env_yaml=None))[0]
 
@@ -72,7 +72,7 @@ def verify_log(url: str) -> list[float]:
 @pytest.fixture(scope="session")
 def secret_server() -> Iterator[str]:
     """A secret-words server for the whole session: its URL."""
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher() as launcher:
         yield launcher.start(secret_spec()).url

@@ -16,8 +16,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from nemo_gym_env.adapters.nemo_rl import NemoRLFormatError, to_nemo_rl_result, token_turns
-from nemo_gym_env.client import ResourcesClient
-from nemo_gym_env.rollouts import RolloutJob, is_failure, run_rollout
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.rollouts.jobs import RolloutJob, run_rollout
+from nemo_gym_env.rollouts.output import is_failure
 
 from .conftest import secret_rows
 from .test_nemo_rl import assert_layout, assert_masks_cover_generations, nemo_rl_consume

@@ -84,7 +84,7 @@ def test_episode_reset_tools_with_cookies_and_verify(secret_server):
 
 
 def test_dead_server_gives_error_outputs_and_no_reward():
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     rows = secret_rows()
     with Launcher() as launcher:

@@ -23,7 +23,7 @@ from nemo_gym_env.adapters.trl import (
     tasks_dataset,
 )
 from nemo_gym_env.policies.chat import tools_to_chat
-from nemo_gym_env.policies.local import _hermes_tools_block
+from nemo_gym_env.policies.render import hermes_tools_block as _hermes_tools_block
 
 from .conftest import TARGET, secret_rows, secret_spec, tool_call_text, verify_log
 
@@ -199,7 +199,7 @@ def test_step_limit_verifies_truncated(tokenizer, secret_server):
 
 
 def test_server_failure_masks_rows_and_keeps_the_count(tokenizer):
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     rows = secret_rows()
     prompts = [tasks_dataset(rows)[i // 2]["prompt"] for i in range(4)]

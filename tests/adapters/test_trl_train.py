@@ -88,7 +88,7 @@ def test_grpo_rollout_func_trains_and_survives_a_dead_server(tmp_path, model_dir
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOTrainer
 
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     rows = secret_rows()
     launcher = Launcher()
@@ -180,7 +180,7 @@ def test_grpo_environment_factory_calls_the_server_tools(tmp_path, model_dir, to
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     rows = secret_rows()
     tokenizer = copy.deepcopy(tokenizer)

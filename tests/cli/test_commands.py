@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from nemo_gym_env.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
 
 from .conftest import CANARY, assert_one_line_error, cli_env, read_jsonl, run_cli
 
@@ -127,8 +127,8 @@ def test_init_scaffold_passes_its_own_tests_and_launches(tmp_path):
     assert "3 passed" in tests.stdout
 
     # The scaffold runs as the launcher runs every server: `python app.py` in its own process.
-    from nemo_gym_env.config import load_config, server_specs
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.config import load_config, server_specs
+    from nemo_gym_env.launch.launcher import Launcher
 
     [spec] = server_specs(load_config([root / "configs" / "my_env.yaml"], env_yaml=None))
     with Launcher() as launcher:

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nemo_gym_env.rollouts import failures_path, metrics_path
+from nemo_gym_env.rollouts.output import failures_path, metrics_path
 
 from .conftest import CANARY, read_jsonl, run_cli
 

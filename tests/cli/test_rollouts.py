@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.catalog import bundled_dataset, bundled_servers
-from nemo_gym_env.dataset import iter_rows
-from nemo_gym_env.rollouts import failures_path, metrics_path
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.protocol.dataset import iter_rows
+from nemo_gym_env.rollouts.output import failures_path, metrics_path
 
 from .conftest import CANARY, CLI, assert_one_line_error, cli_env, descendants, read_jsonl, run_cli, wait_gone
 

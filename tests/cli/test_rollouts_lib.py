@@ -9,22 +9,14 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_gym_env.catalog import bundled_dataset
-from nemo_gym_env.dataset import load_rows
-from nemo_gym_env.head import public_config
+from nemo_gym_env.errors import RolloutFileError
+from nemo_gym_env.launch.catalog import bundled_dataset
+from nemo_gym_env.launch.head import public_config
 from nemo_gym_env.policies import Policy, PolicyRequest, PolicyTurn, ScriptedPolicy
-from nemo_gym_env.rollouts import (
-    Progress,
-    RolloutFileError,
-    RolloutWriter,
-    apply_sampling,
-    collect,
-    failures_path,
-    is_failure,
-    metrics_table,
-    read_rollouts,
-    summarize,
-)
+from nemo_gym_env.protocol.dataset import load_rows
+from nemo_gym_env.rollouts.jobs import apply_sampling, collect
+from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, is_failure, read_rollouts
+from nemo_gym_env.rollouts.report import Progress, metrics_table, summarize
 
 
 def _row(task: int, rollout: int, reward: float = 1.0, server: str = "s") -> dict:

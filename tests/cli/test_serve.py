@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.catalog import bundled_dataset
-from nemo_gym_env.head import fetch_global_config, fetch_servers, server_urls_from_global_config
+from nemo_gym_env.client.head import fetch_global_config, fetch_servers, server_urls_from_global_config
+from nemo_gym_env.launch.catalog import bundled_dataset
 
 from ..conftest import play_episode
 from .conftest import CANARY, assert_one_line_error, descendants, read_jsonl, run_cli, wait_gone

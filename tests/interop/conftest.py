@@ -71,7 +71,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def our_rows(server: str) -> list[dict[str, Any]]:
-    from nemo_gym_env.catalog import bundled_dataset
+    from nemo_gym_env.launch.catalog import bundled_dataset
 
     return read_rows(bundled_dataset(server))
 
@@ -92,8 +92,8 @@ def ported_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="package")
 def ported_url(ported_server: Path) -> Iterator[str]:
     """The ported server, launched by our Launcher from its (NeMo Gym format) YAML."""
-    from nemo_gym_env.config import load_config, server_specs
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.config import load_config, server_specs
+    from nemo_gym_env.launch.launcher import Launcher
 
     [spec] = server_specs(load_config([ported_server / "configs" / "ng_style_server.yaml"], env_yaml=None))
     with Launcher() as launcher:
@@ -201,7 +201,7 @@ def _their_config(ng_site_packages: Path) -> dict[str, Any]:
 
 def _our_config(our_urls: dict[str, str], model_base_url: str) -> tuple[dict[str, Any], dict]:
     """NeMo Gym simple_agents (and openai_model) in front of our servers, which run already."""
-    from nemo_gym_env.catalog import bundled_spec
+    from nemo_gym_env.launch.catalog import bundled_spec
 
     config: dict[str, Any] = {
         MODEL_INSTANCE: {"responses_api_models": {"openai_model": {

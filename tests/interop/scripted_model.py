@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from nemo_gym_env.types import make_response
+from nemo_gym_env.protocol.types import make_response
 
 __all__ = ["ScriptedModelServer", "scripted_metadata"]
 

@@ -19,7 +19,7 @@ import itsdangerous
 import pytest
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.types import make_response
+from nemo_gym_env.protocol.types import make_response
 
 from .conftest import FIXTURE_SERVER, NgStack, our_rows, read_rows, their_rows_path
 from .players import call, message

@@ -11,8 +11,8 @@ import gymnasium as gym
 import pytest
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.catalog import bundled_servers
-from nemo_gym_env.metrics import numeric_fields
+from nemo_gym_env.launch.catalog import bundled_servers
+from nemo_gym_env.protocol.metrics import numeric_fields
 
 from .conftest import SHARED_SERVERS, THEIR_SERVERS, NgStack, our_player, our_rows, read_rows, their_rows_path
 from .players import PLAYERS, play_episode

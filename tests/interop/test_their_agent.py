@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.metrics import numeric_fields
+from nemo_gym_env.protocol.metrics import numeric_fields
 
 from .conftest import (
     CHAT_AGENT_SERVER,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from nemo_gym_env.protocol.types import BaseVerifyRequest, BaseVerifyResponse
 from nemo_gym_env.server import SimpleResourcesServer
-from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
 
 
 class CrashServer(SimpleResourcesServer):

@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from nemo_gym_env.protocol.types import BaseVerifyRequest, BaseVerifyResponse
 from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
 
 
 class EchoServer(SimpleResourcesServer):

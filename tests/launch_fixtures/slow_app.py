@@ -6,8 +6,8 @@ import time
 
 from fastapi import FastAPI
 
+from nemo_gym_env.protocol.types import BaseVerifyRequest, BaseVerifyResponse
 from nemo_gym_env.server import SimpleResourcesServer
-from nemo_gym_env.types import BaseVerifyRequest, BaseVerifyResponse
 
 
 class SlowServer(SimpleResourcesServer):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_env.loop import background_loop
+from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.policies import Policy, PolicyRequest, PolicyTurn
 
 

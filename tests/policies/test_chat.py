@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_env.actions import normalize_action
+from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.policies.chat import chat_message_to_items, responses_to_chat_messages, tools_to_chat
 
 WEATHER = {

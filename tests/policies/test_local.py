@@ -14,9 +14,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import nemo_gym_env  # noqa: F401  (registers the env ids)
-from nemo_gym_env.loop import background_loop
+from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.policies import PolicyRequest, make_policy
-from nemo_gym_env.policies.local import LocalPolicy, _Renderer
+from nemo_gym_env.policies.local import LocalPolicy
+from nemo_gym_env.policies.render import ChatRenderer as _Renderer
 
 from ..conftest import example_rows
 from .conftest import play
@@ -80,7 +81,7 @@ def test_three_turn_episode_keeps_the_token_invariant(greedy, env):
 
     seen: list[int] = []
     for turn in turns:
-        assert turn.prompt_token_ids[: len(seen)] == seen  # DESIGN §3
+        assert turn.prompt_token_ids[: len(seen)] == seen  # the token invariant (docs/architecture.md, "The wire")
         assert len(turn.generation_token_ids) == len(turn.generation_log_probs) > 0
         assert all(math.isfinite(lp) and lp <= 0 for lp in turn.generation_log_probs)
         assert greedy.tokenizer.decode(turn.generation_token_ids, skip_special_tokens=True) == turn.text

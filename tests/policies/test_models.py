@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_env.errors import ModelProvisionError
 from nemo_gym_env.policies import models
-from nemo_gym_env.policies.models import ModelProvisionError, cache_dir, default_gguf_path, default_model_dir
+from nemo_gym_env.policies.models import cache_dir, default_gguf_path, default_model_dir
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import nemo_gym_env  # noqa: F401  (registers the env ids)
-from nemo_gym_env.loop import background_loop
+from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.policies import OpenAIPolicy, PolicyError, PolicyRequest
 from nemo_gym_env.policies.openai_compat import chat_token_data
 
@@ -81,7 +81,7 @@ def test_chat_token_data_over_an_episode(env, openai_base_url):
     assert reward == 1.0
     seen: list[int] = []
     for turn in turns:
-        assert turn.prompt_token_ids[: len(seen)] == seen  # DESIGN §3 invariant
+        assert turn.prompt_token_ids[: len(seen)] == seen  # the token invariant, docs/architecture.md "The wire"
         assert len(turn.generation_log_probs) == len(turn.generation_token_ids) > 0
         seen = turn.prompt_token_ids + turn.generation_token_ids
     last = env.unwrapped.response.output[0]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.catalog import bundled_spec
+from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.ray_cluster import RayLauncher, WorkersLost, ray_collect
-from nemo_gym_env.rollouts import is_failure
+from nemo_gym_env.rollouts.output import is_failure
 
 from ..conftest import example_rows
 from .players import TokenPolicyFactory

@@ -7,13 +7,14 @@ import time
 import httpx
 import pytest
 
-from nemo_gym_env.catalog import bundled_dataset, bundled_spec
-from nemo_gym_env.config import load_config, server_specs
-from nemo_gym_env.env import NemoGymEnv
-from nemo_gym_env.head import HeadServer, fetch_servers
-from nemo_gym_env.launch import Launcher
+from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.envs.env import NemoGymEnv
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
+from nemo_gym_env.launch.config import load_config, server_specs
+from nemo_gym_env.launch.head import HeadServer
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.ray_cluster import RayLauncher, connect, ray_address
-from nemo_gym_env.types import make_response
 
 from ..conftest import play_episode
 
@@ -67,8 +68,8 @@ def test_a_server_goes_down_with_its_actor(ray_cluster) -> None:
 
 
 def test_a_failing_server_is_a_launch_error_with_its_log(ray_cluster, tmp_path) -> None:
-    from nemo_gym_env.config import ServerSpec
-    from nemo_gym_env.launch import LaunchError
+    from nemo_gym_env.errors import LaunchError
+    from nemo_gym_env.launch.config import ServerSpec
 
     (tmp_path / "app.py").write_text("raise SystemExit('no such server here')\n")
     spec = ServerSpec("broken", "resources_servers", "broken", {"entrypoint": str(tmp_path / "app.py")})

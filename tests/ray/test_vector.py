@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from nemo_gym_env.actions import ActionError
-from nemo_gym_env.catalog import bundled_spec
+from nemo_gym_env.envs.vector import NemoGymVectorEnv
+from nemo_gym_env.errors import ActionError
+from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.ray_cluster import RayLauncher, RayVectorEnv
-from nemo_gym_env.vector import NemoGymVectorEnv
 
 from ..conftest import example_rows, scripted
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_env.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURES_YAML = FIXTURES / "configs" / "reliability.yaml"
@@ -145,7 +145,7 @@ def soak() -> bool:
 @pytest.fixture(scope="module")
 def faulty_server() -> Iterator[Any]:
     """One faulty fixture server for a test module (not restarted)."""
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher(ready_timeout_s=60) as launcher:
         yield launcher.start(fixture_specs()["rel_faulty"])

@@ -1,4 +1,4 @@
-"""Durability (DESIGN §9): ``nemo-gym-env rollouts`` killed with SIGKILL at random points, resumed.
+"""Durability (docs/architecture.md, "Reliability and security"): ``nemo-gym-env rollouts`` killed with SIGKILL at random points, resumed.
 
 A reference run collects every rollout uninterrupted. Then, in several trials (seeded, so a
 failure replays), a run is SIGKILLed at a random moment (during start-up, mid-collection, or
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.rollouts import failures_path, read_rollouts
+from nemo_gym_env.rollouts.output import failures_path, read_rollouts
 
 from ..cli.conftest import CLI, cli_env, descendants, run_cli, wait_gone
 from ..conftest import example_rows

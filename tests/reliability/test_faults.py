@@ -1,4 +1,4 @@
-"""Faults (DESIGN §9): servers that die, hang or answer garbage, mid-episode.
+"""Faults (docs/architecture.md, "Reliability and security"): servers that die, hang or answer garbage, mid-episode.
 
 - A server SIGKILLed under a running vector env, and under ``nemo-gym-env rollouts``: the
   episodes it was serving end truncated with the error, the launcher restarts it on the same
@@ -27,13 +27,14 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_env.catalog import bundled_spec
-from nemo_gym_env.client import ResourcesClient, ServerError
-from nemo_gym_env.env import NemoGymEnv
-from nemo_gym_env.launch import Launcher
-from nemo_gym_env.loop import background_loop
-from nemo_gym_env.rollouts import failures_path
-from nemo_gym_env.vector import NemoGymVectorEnv
+from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.envs.env import NemoGymEnv
+from nemo_gym_env.envs.vector import NemoGymVectorEnv
+from nemo_gym_env.errors import ServerError
+from nemo_gym_env.launch.catalog import bundled_spec
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.rollouts.output import failures_path
 
 from ..cli.conftest import CLI, cli_env, descendants, read_jsonl
 from ..conftest import example_rows, scripted

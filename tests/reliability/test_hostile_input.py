@@ -1,4 +1,4 @@
-"""Hostile input (DESIGN §9): bad input never crashes a server or the env.
+"""Hostile input (docs/architecture.md, "Reliability and security"): bad input never crashes a server or the env.
 
 - Property-based fuzzing of the action path: :func:`nemo_gym_env.actions.normalize_action`
   raises nothing but :class:`ActionError` and otherwise returns valid items that travel as
@@ -28,11 +28,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_env.actions import ActionError, normalize_action
-from nemo_gym_env.catalog import bundled_dataset, bundled_servers, bundled_spec
-from nemo_gym_env.launch import Launcher
-from nemo_gym_env.spaces import JsonItems, ResponsesAction
-from nemo_gym_env.types import make_response
+from nemo_gym_env.envs.actions import normalize_action
+from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
+from nemo_gym_env.errors import ActionError
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.types import make_response
 
 from .conftest import soak, with_config
 
@@ -150,9 +151,8 @@ VERIFY_EXAMPLES = {"positive": 2 * SCALE, "negative": 2 * SCALE}  # the Response
 @pytest.mark.slow
 @pytest.mark.parametrize("server", sorted(bundled_servers()))
 def test_schema_fuzzing_finds_no_500_and_no_hang(bundled, server, figures):
-    from schemathesis import GenerationMode
-
     import schemathesis
+    from schemathesis import GenerationMode
 
     url = bundled[server].url
     schema = schemathesis.openapi.from_dict(bundled[server].openapi)

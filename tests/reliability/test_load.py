@@ -1,4 +1,4 @@
-"""Load (DESIGN §9, §10): thousands of concurrent sessions on one server, bounded state.
+"""Load (docs/architecture.md: "Reliability and security", "Performance"): thousands of concurrent sessions on one server, bounded state.
 
 Each session is one episode of the session-counter server (seed, two increments, a read,
 ``/verify``), played over and over through the product's client (one pool, per-session
@@ -25,10 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
-from nemo_gym_env.client import ResourcesClient, ServerError
-from nemo_gym_env.launch import Launcher
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.errors import ServerError
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.example_session_state_mgmt.scripted import increments
-from nemo_gym_env.types import make_response
 
 from ..conftest import example_rows
 from .conftest import fixture_specs, percentile, rss_bytes, soak, with_config

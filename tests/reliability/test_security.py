@@ -1,4 +1,4 @@
-"""Security (DESIGN §3, §9): sessions, secrets, bind addresses, the code sandbox.
+"""Security (docs/architecture.md: "The wire", "Reliability and security"): sessions, secrets, bind addresses, the code sandbox.
 
 - A forged cookie, or one replayed from another server (same class, another launch; another
   class), reaches no session state; session ids are random uuid4s.
@@ -18,7 +18,6 @@ import asyncio
 import base64
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -34,14 +33,15 @@ import httpx
 import itsdangerous
 import pytest
 
-from nemo_gym_env.catalog import bundled_spec
-from nemo_gym_env.client import ResourcesClient
-from nemo_gym_env.config import load_config
-from nemo_gym_env.head import HeadServer
-from nemo_gym_env.launch import Launcher, ServerCrashed
-from nemo_gym_env.loop import background_loop
+from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.errors import ServerCrashed
+from nemo_gym_env.launch.catalog import bundled_spec
+from nemo_gym_env.launch.config import load_config
+from nemo_gym_env.launch.head import HeadServer
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server import SESSION_SECRET_ENV, BaseResourcesServerConfig
-from nemo_gym_env.types import make_response
 
 from ..cli.conftest import CLI, cli_env, read_jsonl, run_cli
 from ..conftest import example_rows

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.code_gen import app as app_module
 from nemo_gym_env.servers.code_gen import sandbox as sandbox_module
 from nemo_gym_env.servers.code_gen import scripted
-from nemo_gym_env.types import make_response
 
 NAME = "code_gen"
 HERE = Path(__file__).resolve().parent.parent
@@ -651,8 +651,8 @@ def test_app_module_runs_as_a_script() -> None:
 
 @pytest.mark.slow
 def test_launched_server_survives_hostile_programs(tmp_path: Path, canary: Path) -> None:
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     scratch = tmp_path / "launched-scratch"
     scratch.mkdir()

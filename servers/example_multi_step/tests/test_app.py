@@ -11,9 +11,9 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.example_multi_step import app as app_module
 from nemo_gym_env.servers.example_multi_step import scripted
-from nemo_gym_env.types import make_response
 
 NAME = "example_multi_step"
 HERE = Path(__file__).resolve().parent.parent

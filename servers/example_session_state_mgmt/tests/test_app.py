@@ -13,9 +13,9 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.example_session_state_mgmt import app as app_module
 from nemo_gym_env.servers.example_session_state_mgmt import scripted
-from nemo_gym_env.types import make_response
 
 NAME = "example_session_state_mgmt"
 HERE = Path(__file__).resolve().parent.parent

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.types import BaseRunRequest, make_response
 from nemo_gym_env.servers.example_single_tool_call import app as app_module
 from nemo_gym_env.servers.example_single_tool_call import scripted
-from nemo_gym_env.types import BaseRunRequest, make_response
 
 NAME = "example_single_tool_call"
 HERE = Path(__file__).resolve().parent.parent

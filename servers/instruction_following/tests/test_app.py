@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.instruction_following import app as app_module
 from nemo_gym_env.servers.instruction_following import instructions, scripted
-from nemo_gym_env.types import make_response
 
 NAME = "instruction_following"
 HERE = Path(__file__).resolve().parent.parent
@@ -538,8 +538,8 @@ def test_app_module_runs_as_a_script() -> None:
 
 @pytest.mark.slow
 def test_launched_server_over_http() -> None:
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher() as launcher:
         process = launcher.start(bundled_spec(NAME))

@@ -23,11 +23,12 @@ from fastapi.testclient import TestClient
 
 pytest.importorskip("math_verify", reason="the math server needs the math extra: pip install -e '.[math]'")
 
+from nemo_gym_env.errors import TaskTimeout
+from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import times_slower_than_plain
+from nemo_gym_env.server.workers import ProcessPoolRunner
 from nemo_gym_env.servers.math import answer, equivalence, judge, scripted
 from nemo_gym_env.servers.math.app import MathResourcesServer
-from nemo_gym_env.testing import times_slower_than_plain
-from nemo_gym_env.types import make_response
-from nemo_gym_env.workers import ProcessPoolRunner, TaskTimeout
 
 NAME = "math"
 HERE = Path(__file__).resolve().parent.parent
@@ -578,8 +579,8 @@ def test_app_module_runs_as_a_script() -> None:
 def test_liveness_answers_while_32_slow_verifications_run() -> None:
     import httpx
 
-    from nemo_gym_env.catalog import bundled_spec
-    from nemo_gym_env.launch import Launcher
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
 
     spec = bundled_spec(NAME)
     spec = dataclasses.replace(spec, config={**spec.config, "verify_workers": 2, "verify_timeout_s": 0.5})

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import times_slower_than_plain
 from nemo_gym_env.servers.mcqa import choices, scripted
 from nemo_gym_env.servers.mcqa.app import MCQAResourcesServer, MCQARunRequest
-from nemo_gym_env.testing import times_slower_than_plain
-from nemo_gym_env.types import make_response
 
 NAME = "mcqa"
 HERE = Path(__file__).resolve().parent.parent

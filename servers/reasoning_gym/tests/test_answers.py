@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import times_slower_than_plain
 from nemo_gym_env.servers.reasoning_gym import answers
 from nemo_gym_env.servers.reasoning_gym.answers import answer_tag, boxed, extract_answer, final_text
-from nemo_gym_env.testing import times_slower_than_plain
-from nemo_gym_env.types import make_response
 
 TAGLESS = st.text().filter(lambda s: "<answer>" not in s and "</answer>" not in s)
 

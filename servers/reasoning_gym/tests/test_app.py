@@ -14,11 +14,11 @@ import yaml
 pytest.importorskip("reasoning_gym")
 
 from fastapi.testclient import TestClient
+
+from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.reasoning_gym import app as app_module
 from nemo_gym_env.servers.reasoning_gym import scripted, tasks
 from nemo_gym_env.servers.reasoning_gym.make_dataset import make_row
-
-from nemo_gym_env.types import make_response
 
 NAME = "reasoning_gym"
 HERE = Path(__file__).resolve().parent.parent

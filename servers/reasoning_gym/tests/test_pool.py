@@ -9,6 +9,7 @@ import pickle
 import time
 
 import pytest
+
 from nemo_gym_env.servers.reasoning_gym.pool import (
     PoolClosed,
     WorkerCrashed,

@@ -18,13 +18,13 @@ import random
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
-from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.types import (
+from nemo_gym_env.protocol.types import (
     BaseSeedSessionRequest,
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
 )
+from nemo_gym_env.server import BaseResourcesServerConfig, SimpleResourcesServer
 
 VERIFY_LOG: list[float] = []
 """The reward of every verify reply of this process, in order."""

@@ -1,0 +1,193 @@
+"""``nemo-gym-env``: serve resources servers, collect rollouts, scaffold and check, from one command.
+
+NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with no network::
+
+    nemo-gym-env rollouts                                   # every bundled server, the local model
+    nemo-gym-env rollouts --policy openai                   # the endpoint of env.yaml
+    nemo-gym-env serve example_multi_step                   # servers + head server on :11000
+    nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
+    nemo-gym-env rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai
+    nemo-gym-env list | config NAME | validate tasks.jsonl | init my_env
+
+This module is argparse only: each command's module (:mod:`~nemo_gym_env.cli.rollouts`,
+:mod:`~nemo_gym_env.cli.serve`, :mod:`~nemo_gym_env.cli.tools`) turns the arguments into the
+library's settings and calls it. Config arguments are NeMo Gym's Hydra overrides
+(``+config_paths=[a.yaml,b.yaml]``, ``+key=value``) merged with NeMo Gym's precedence (config
+files < env.yaml < command line). Errors are one line on stderr and a non-zero exit;
+``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import sys
+import textwrap
+import traceback
+from collections.abc import Sequence
+
+from nemo_gym_env import __version__
+from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
+from nemo_gym_env.errors import NemoGymError
+from nemo_gym_env.policies.factory import POLICY_KINDS
+from nemo_gym_env.rollouts.settings import RolloutSettings
+
+__all__ = ["build_parser", "main"]
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutSettings)}
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=100)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``nemo-gym-env`` argument parser."""
+    common = Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logs")
+    parser = Parser(
+        prog=PROG,
+        parents=[common],
+        description="NeMo-Gym-style resources servers: serve them, collect rollouts, scaffold and check.",
+        epilog=f"`{PROG} rollouts` with no arguments: every bundled server's example tasks with the local model.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="start servers and a head server (like ng_run)",
+        description=_wrap("Start resources servers standalone, plus a head server (default 127.0.0.1:11000; "
+        "+head_server.port=0 for a free port) serving GET /servers and GET /global_config_dict_yaml "
+        "(secrets redacted). Ctrl-C or SIGTERM stops everything."),
+        epilog=f'examples:\n  {PROG} serve example_multi_step\n  {PROG} serve "+config_paths=[a.yaml,b.yaml]" '
+        "+head_server.port=0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    p.add_argument("--log-dir", metavar="DIR", help="keep server logs here (default: a temporary folder)")
+    add_env_yaml(p)
+    p.set_defaults(run="nemo_gym_env.cli.serve:cmd_serve")
+
+    p = sub.add_parser(
+        "rollouts",
+        parents=[common],
+        help="collect rollouts (like ng_collect_rollouts)",
+        description=_wrap("Run each task of a JSONL dataset through a policy against resources servers and write one "
+        "row per rollout (NeMo Gym's format: the /verify reply plus _ng_task_index and _ng_rollout_index). "
+        "Servers are launched by the command (bundled NAMEs, +config_paths=[...], or every bundled server when "
+        "none is named) or already running (--head-url, --server-url)."),
+        epilog=f"examples:\n  {PROG} rollouts\n  {PROG} rollouts --policy openai            # endpoint from env.yaml\n"
+        f"  {PROG} rollouts example_multi_step --policy scripted --num-repeats 4\n"
+        f"  {PROG} rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai --resume",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    where = p.add_argument_group("servers and data")
+    where.add_argument("--server", action="append", metavar="NAME", help="a server to use (repeatable); its example data by default")
+    where.add_argument("--head-url", metavar="URL", help="use the servers of a running head server (GET /servers)")
+    where.add_argument("--server-url", metavar="URL", help="use one running resources server")
+    where.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (NeMo Gym rows); default: the servers' example data")
+    where.add_argument("--output", "-o", metavar="PATH", default=_DEFAULTS["output"], help=f"output JSONL (default {_DEFAULTS['output']})")
+    where.add_argument("--limit", type=int, metavar="N", help="only the first N valid tasks of each dataset")
+    where.add_argument("--strict", action="store_true", help="stop on an invalid row instead of skipping it")
+    where.add_argument("--log-dir", metavar="DIR", help="keep the logs of launched servers here")
+    add_env_yaml(where)
+    pol = p.add_argument_group("policy")
+    pol.add_argument("--policy", choices=POLICY_KINDS, help="default: local when torch is installed")
+    pol.add_argument("--model", metavar="NAME", help="model name (openai) or path/id (local); env.yaml: policy_model_name")
+    pol.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint; env.yaml: policy_base_url")
+    pol.add_argument("--api-key", metavar="KEY", help="API key; env.yaml: policy_api_key (safer than the command line)")
+    pol.add_argument("--api", choices=("responses", "chat"), default=_DEFAULTS["api"],
+                     help="openai: the Responses API (default) or Chat Completions")
+    pol.add_argument("--device", metavar="DEV", help="local: cpu (default), cuda or cuda:N")
+    pol.add_argument("--seed", type=int, help="local: makes sampling reproducible")
+    pol.add_argument("--temperature", type=float, help="override responses_create_params.temperature")
+    pol.add_argument("--top-p", type=float, help="override responses_create_params.top_p")
+    pol.add_argument("--max-output-tokens", type=int, metavar="N", help="override responses_create_params.max_output_tokens")
+    run = p.add_argument_group("run")
+    run.add_argument("--num-repeats", type=int, default=_DEFAULTS["num_repeats"], metavar="N", help=f"rollouts per task (default {_DEFAULTS['num_repeats']})")
+    run.add_argument("--concurrency", type=int, default=_DEFAULTS["concurrency"], metavar="N", help=f"rollouts in flight (default {_DEFAULTS['concurrency']})")
+    run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
+    run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
+    run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
+    run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")
+    p.set_defaults(run="nemo_gym_env.cli.rollouts:cmd_rollouts")
+
+    p = sub.add_parser("list", parents=[common], help="the bundled servers, env ids and tools",
+                       description="List the bundled servers: env ids, example tasks, tools.")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    p.set_defaults(run="nemo_gym_env.cli.tools:cmd_list")
+
+    p = sub.add_parser(
+        "config",
+        parents=[common],
+        help="print the merged config (secrets redacted)",
+        description=_wrap("Print the merged, resolved config as YAML with every secret redacted."),
+        epilog=f'examples:\n  {PROG} config example_multi_step\n  {PROG} config "+config_paths=[a.yaml]" +key=value',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    add_env_yaml(p)
+    p.set_defaults(run="nemo_gym_env.cli.tools:cmd_config")
+
+    p = sub.add_parser("validate", parents=[common], help="check dataset rows",
+                       description="Check every row of JSONL datasets; report offending lines; exit 1 if any.")
+    p.add_argument("datasets", nargs="+", metavar="DATASET", help="JSONL files")
+    p.set_defaults(run="nemo_gym_env.cli.tools:cmd_validate")
+
+    p = sub.add_parser("init", parents=[common], help="scaffold a new resources server",
+                       description="Create NAME/ with app.py, configs/NAME.yaml, data/example.jsonl (5 rows), "
+                       "tests/test_app.py and README.md.")
+    p.add_argument("name", metavar="NAME", help="server name (a Python identifier)")
+    p.add_argument("--dir", default=".", metavar="PATH", help="where to create NAME/ (default: here)")
+    p.set_defaults(run="nemo_gym_env.cli.tools:cmd_init")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    # argparse fills a nargs="*" positional once, so names and +key=value overrides written
+    # after an option come back as leftovers: they belong to the command's targets.
+    args, leftovers = parser.parse_known_args(argv)
+    if leftovers:
+        if hasattr(args, "targets") and not any(item.startswith("-") for item in leftovers):
+            args.targets = [*(args.targets or []), *leftovers]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(leftovers)}")
+    debug = bool(getattr(args, "debug", False))
+    args.debug = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING, format=f"{PROG}: %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module, _, function = args.run.partition(":")
+    try:
+        # A command's module is imported only when it runs, so `--help` and `list` stay quick.
+        return int(getattr(importlib.import_module(module), function)(args) or 0)
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every error becomes one line (tracebacks with --debug)
+        if debug:
+            traceback.print_exc()
+        message = str(exc) or type(exc).__name__
+        if not isinstance(exc, NemoGymError):
+            message = f"{type(exc).__name__}: {message}"
+        first, _, rest = message.partition("\n")
+        say(f"error: {first}")
+        if rest:  # e.g. a crashed server's last log lines
+            print("\n".join(f"  | {line}" for line in rest.splitlines()), file=sys.stderr)
+        if not debug and not isinstance(exc, NemoGymError):
+            say("(run with --debug for the traceback)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

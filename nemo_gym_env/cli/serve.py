@@ -1,0 +1,63 @@
+"""``nemo-gym-env serve``: servers and a head server, standalone, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
+from nemo_gym_env.errors import UsageError
+from nemo_gym_env.launch.config import other_instances, server_specs
+from nemo_gym_env.launch.head import HeadServer, head_address
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.launch.net import is_loopback
+from nemo_gym_env.launch.signals import Stopped, sigterm_raises
+from nemo_gym_env.rollouts.plan import load_run_config
+
+__all__ = ["cmd_serve"]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Start servers and the head server; run until Ctrl-C or SIGTERM."""
+    names, overrides = split_targets(args.targets)
+    cfg = load_run_config(names, overrides, env_yaml_path(args))
+    specs = server_specs(cfg)
+    if not specs:
+        raise UsageError(
+            "nothing to serve: name bundled servers (see `nemo-gym-env list`) or pass \"+config_paths=[...]\""
+        )
+    for name, stype in other_instances(cfg):
+        say(f"not starting {name!r} ({stype}): nemo-gym-env plays the agent and the model itself (`rollouts`)")
+    host, port = head_address(cfg)
+    if not is_loopback(host):
+        say(f"warning: the head server listens on {host}, reachable from the network (secrets stay redacted)")
+    started = time.monotonic()
+    with sigterm_raises():
+        launcher = head = None
+        try:
+            head = HeadServer(cfg, host=host, port=port)  # bind first: a taken port fails fast
+            launcher = Launcher(stream_logs=True, auto_restart=True, log_dir=args.log_dir)
+            head.processes = launcher.start_all(specs)
+            head.start()
+            elapsed = time.monotonic() - started
+            width = max(len("head_server"), *(len(p.name) for p in head.processes))
+            lines = [f"{PROG}: {len(head.processes)} server(s) ready in {elapsed:.2f} s"]
+            lines += [f"  {p.name:<{width}}  {p.url}" for p in head.processes]
+            lines.append(f"  {'head_server':<{width}}  {head.url}  (GET /servers, GET /global_config_dict_yaml)")
+            lines.append(f"logs: {launcher.log_dir}" + ("" if args.log_dir else " (removed on exit)"))
+            lines.append(f"rollouts against them: {PROG} rollouts --head-url {head.url} --policy ...")
+            lines.append("Ctrl-C to stop.")
+            print("\n".join(lines), flush=True)
+            while True:
+                time.sleep(3600)
+        except (KeyboardInterrupt, Stopped):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the stopping finish (bounded: 5 s per server)
+            print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+            return 0
+        finally:
+            if head is not None:
+                head.stop()
+            if launcher is not None:
+                launcher.close()

@@ -1,0 +1,113 @@
+"""The small commands: ``list``, ``config``, ``validate``, ``init``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nemo_gym_env.cli.common import PROG, env_yaml_path, split_targets
+from nemo_gym_env.envs.registration import env_id
+from nemo_gym_env.errors import UsageError
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.head import public_config
+from nemo_gym_env.protocol.dataset import iter_rows
+from nemo_gym_env.rollouts.plan import load_run_config
+from nemo_gym_env.rollouts.report import text_table
+from nemo_gym_env.server.scaffold import init_server
+
+__all__ = ["cmd_config", "cmd_init", "cmd_list", "cmd_validate"]
+
+
+def _bundled_info() -> list[dict[str, Any]]:
+    info = []
+    for name in sorted(bundled_servers()):
+        spec = bundled_spec(name)
+        tools: dict[str, None] = {}
+        tasks = 0
+        with contextlib.suppress(FileNotFoundError):
+            for _, row, _ in iter_rows(bundled_dataset(name)):
+                if row is None:
+                    continue
+                tasks += 1
+                for tool in row["responses_create_params"].get("tools") or []:
+                    if isinstance(tool, dict) and tool.get("name"):
+                        tools[str(tool["name"])] = None
+        info.append(
+            {
+                "name": name,
+                "env_id": env_id(name),
+                "tasks": tasks,
+                "tools": list(tools),
+                "domain": spec.config.get("domain"),
+                "description": spec.config.get("description") or "",
+            }
+        )
+    return info
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print the bundled servers: env ids, task counts, tools."""
+    info = _bundled_info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rows = [["server", "env id", "tasks", "tools", "description"]]
+    rows += [[i["name"], i["env_id"], str(i["tasks"]), ", ".join(i["tools"]), i["description"]] for i in info]
+    print(text_table(rows))
+    print("\nAny other server: gym.make('NemoGym/Generic-v0', base_url=..., dataset=...) or config_paths=[...].")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the merged config as YAML, secrets redacted."""
+    names, overrides = split_targets(args.targets)
+    cfg = load_run_config(names, overrides, env_yaml_path(args))
+    sys.stdout.write(yaml.safe_dump(public_config(cfg), sort_keys=False, allow_unicode=True))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check every row of each dataset; report offending lines; exit 1 if any."""
+    bad_total = 0
+    for path in args.datasets:
+        if not Path(path).is_file():
+            raise UsageError(f"dataset {path!r} not found")
+        valid = bad = 0
+        for number, _, problem in iter_rows(path):
+            if problem is None:
+                valid += 1
+            else:
+                bad += 1
+                print(f"{path}:{number}: {problem}", file=sys.stderr)
+        if valid == 0 and bad == 0:
+            print(f"{path}:0: the dataset has no rows", file=sys.stderr)
+            bad = 1
+        bad_total += bad
+        state = "ok" if bad == 0 else "INVALID"
+        print(f"{path}: {valid} valid row(s), {bad} invalid: {state}")
+    return 1 if bad_total else 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Scaffold a new resources server folder."""
+    root = init_server(args.name, args.dir)
+    files = sorted(str(p.relative_to(root.parent)) for p in root.rglob("*") if p.is_file())
+    print(f"created {root}:")
+    for f in files:
+        print(f"  {f}")
+    rel = os.path.relpath(root)
+    name = args.name
+    print(
+        "\nnext:\n"
+        f"  python -m pytest {rel}/tests -q\n"
+        f"  {PROG} serve \"+config_paths=[{rel}/configs/{name}.yaml]\"\n"
+        f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy openai"
+    )
+    return 0

@@ -1,0 +1,179 @@
+"""One episode against a resources server: the state and steps shared by the env and the vector env."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from nemo_gym_env.client.resources import CookieJar, ResourcesClient
+from nemo_gym_env.errors import ServerError
+from nemo_gym_env.protocol.dataset import input_items
+from nemo_gym_env.protocol.metrics import numeric_fields
+from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE, Response, make_response
+
+__all__ = ["SAMPLING_KEYS", "Episode", "StepResult"]
+
+SAMPLING_KEYS = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
+                 "tool_choice", "instructions")
+
+StepResult = tuple[list, float, bool, bool, dict]
+
+
+_TOOLS_CACHE: OrderedDict[str, list[Any]] = OrderedDict()
+_TOOLS_CACHE_SIZE = 1024
+
+
+def _dumped_tools(tools: list[Any]) -> list[Any]:
+    """``make_response([], tools=tools)``'s tools as JSON, cached by the tools' JSON text.
+
+    The result is shared between episodes: serialise it, never mutate it.
+    """
+    key = json.dumps(tools, sort_keys=True, default=repr)
+    dumped = _TOOLS_CACHE.get(key)
+    if dumped is None:
+        dumped = make_response([], tools=tools).model_dump(mode="json", exclude_none=True, by_alias=True)["tools"]
+        _TOOLS_CACHE[key] = dumped
+        if len(_TOOLS_CACHE) > _TOOLS_CACHE_SIZE:
+            _TOOLS_CACHE.popitem(last=False)
+    else:
+        _TOOLS_CACHE.move_to_end(key)
+    return dumped
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON, whatever Python's json module accepts.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+class Episode:
+    """A task row, its session cookies and its trajectory; async, runs on the background loop.
+
+    ``start`` seeds the session; ``play`` sends one model turn's tool calls in order and
+    verifies when the turn has no tool call or ``max_steps`` is reached; ``finish`` verifies
+    the episode as it stands. Server failures do not raise: they end the episode truncated,
+    with ``error`` set and ``info["error"]``.
+
+    Example:
+        >>> episode = Episode(ResourcesClient("http://127.0.0.1:8000"), row, 0, max_steps=8)  # doctest: +SKIP
+        >>> observation, info = await episode.start()                                          # doctest: +SKIP
+        >>> observation, reward, terminated, truncated, info = await episode.play(items)        # doctest: +SKIP
+    """
+
+    def __init__(self, client: ResourcesClient, row: dict[str, Any], task_index: int | None, max_steps: int):
+        self.client = client
+        self.task = row
+        self.task_index = task_index
+        self.max_steps = max_steps
+        self.cookies: CookieJar = {}
+        self.trajectory: list[dict[str, Any]] = []
+        self.turn = 0
+        self.done = True
+        self.last_verify: dict[str, Any] | None = None
+        self.error: ServerError | None = None
+
+    @property
+    def tools(self) -> list[Any]:
+        """The row's tool schemas."""
+        return list(self.task["responses_create_params"].get("tools") or [])
+
+    @property
+    def response(self) -> Response:
+        """The episode so far as a ``Response`` (every model and tool item)."""
+        return make_response(self.trajectory, tools=self.tools)
+
+    async def start(self) -> tuple[list, dict]:
+        """``POST /seed_session`` with the row; the observation is the row's input items.
+
+        Raises:
+            ServerError: when the server cannot seed the session.
+        """
+        await self.client.seed_session(self.task, self.cookies, task_index=self.task_index)
+        self.done = False
+        params = self.task["responses_create_params"]
+        info: dict[str, Any] = {
+            "task_index": -1 if self.task_index is None else self.task_index,
+            "tools": self.tools,
+            "sampling": {k: params[k] for k in SAMPLING_KEYS if params.get(k) is not None},
+        }
+        return input_items(self.task), info
+
+    async def play(self, items: list[dict[str, Any]]) -> StepResult:
+        """One model turn of already normalised output items."""
+        self.trajectory.extend(items)
+        self.turn += 1
+        calls = [item for item in items if item["type"] == "function_call"]
+        observation: list[dict[str, Any]] = []
+        info: dict[str, Any] = {"turn": self.turn, "num_tool_calls": len(calls)}
+        try:
+            for call in calls:
+                output = await self._call_tool(call)
+                # FunctionCallOutput(...).model_dump(exclude_none=True), without building the model.
+                item = {"call_id": call["call_id"], "output": output, "type": "function_call_output"}
+                self.trajectory.append(item)
+                observation.append(item)
+            if calls and self.turn < self.max_steps:
+                return observation, 0.0, False, False, info
+            reward = await self._verify(info)
+        except ServerError as exc:
+            return self._fail(exc, observation, info)
+        self.done = True
+        return observation, reward, not calls, bool(calls), info
+
+    async def finish(self) -> StepResult:
+        """End the episode now: ``POST /verify`` with the trajectory so far, ``truncated``.
+
+        For callers that stop an episode before the model does (a token budget ran out, a
+        trainer's turn limit): the verifier scores what happened, and no model turn is made up.
+
+        Raises:
+            RuntimeError: the episode has ended, or was never started.
+        """
+        if self.done:
+            raise RuntimeError("the episode has ended (or never started): nothing to finish")
+        info: dict[str, Any] = {"turn": self.turn, "num_tool_calls": 0}
+        try:
+            reward = await self._verify(info)
+        except ServerError as exc:
+            return self._fail(exc, [], info)
+        self.done = True
+        return [], reward, False, True, info
+
+    async def _call_tool(self, call: dict[str, Any]) -> str:
+        name = call["name"]
+        if not TOOL_NAME_RE.match(name) or name in RESERVED_ROUTES:
+            return json.dumps({"error": f"Unknown tool {name!r}: not a tool of this environment"})
+        arguments = call["arguments"]
+        try:  # only checked: the server gets the arguments exactly as the model wrote them
+            json.loads(arguments, parse_constant=_no_constant)
+        except (TypeError, ValueError) as exc:
+            return json.dumps({"error": f"Invalid tool call arguments: {exc}"})
+        return await self.client.call_tool(name, arguments, self.cookies, task_index=self.task_index)
+
+    async def _verify(self, info: dict[str, Any]) -> float:
+        body = {**self.task, "response": self._response_json()}
+        reply = await self.client.verify(body, self.cookies, task_index=self.task_index)
+        self.last_verify = reply
+        reward = float(reply["reward"])
+        info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
+        info["reward"] = reward
+        for key in ("failure_kind", "failure_reason"):
+            if isinstance(reply.get(key), str):
+                info[key] = reply[key][:500]
+        return reward
+
+    def _response_json(self) -> dict[str, Any]:
+        """``self.response`` as JSON, with the task's tools dumped once per task rather than per episode.
+
+        The tool schemas are most of the work of validating a ``Response`` and never change
+        within a task; the trajectory is validated every time.
+        """
+        response = make_response(self.trajectory).model_dump(mode="json", exclude_none=True, by_alias=True)
+        response["tools"] = _dumped_tools(self.task["responses_create_params"].get("tools") or [])
+        return response
+
+    def _fail(self, exc: ServerError, observation: list, info: dict[str, Any]) -> StepResult:
+        self.done = True
+        self.error = exc
+        info.update({"error": str(exc)[:1000], "server": exc.server, "route": exc.route})
+        return observation, 0.0, False, True, info

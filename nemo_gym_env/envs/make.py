@@ -1,0 +1,53 @@
+"""The entry points behind ``gym.make`` and ``gym.make_vec``: start the server, then import the env.
+
+An embedded server takes about a second to boot (its process imports openai and fastapi),
+and the env's own modules take about as long to import (openai's types and the pydantic
+models built on them). Run one after the other, ``gym.make`` would wait for both; here the
+server process is spawned first and the env's modules are imported while it boots
+(``benchmarks/startup.py`` measures it). Nothing else happens in this module, which imports
+only what finding and spawning the server needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from nemo_gym_env.envs.sources import resolve_server
+
+__all__ = ["make_env", "make_vector_env"]
+
+
+def make_env(server: str | None = None, *, base_url: str | None = None, config_paths: Any = None,
+             **kwargs: Any) -> Any:
+    """``gym.make``'s entry point: a :class:`~nemo_gym_env.envs.env.NemoGymEnv`."""
+    handle = resolve_server(server, base_url, config_paths, while_starting=_import_env)
+    try:
+        env_module = _import_env()
+        return env_module.NemoGymEnv(server, base_url=base_url, config_paths=config_paths, server_handle=handle,
+                                     **kwargs)
+    except BaseException:
+        handle.release()
+        raise
+
+
+def make_vector_env(server: str | None = None, num_envs: int = 1, *, base_url: Any = None,
+                    config_paths: Any = None, **kwargs: Any) -> Any:
+    """``gym.make_vec``'s entry point: a :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`."""
+    first_url = base_url if base_url is None or isinstance(base_url, str) else (list(base_url) or [None])[0]
+    handle = resolve_server(server, first_url, config_paths, while_starting=_import_vector)
+    try:
+        vector_module = _import_vector()
+        return vector_module.NemoGymVectorEnv(server, num_envs, base_url=base_url, config_paths=config_paths,
+                                              server_handle=handle, **kwargs)
+    except BaseException:
+        handle.release()
+        raise
+
+
+def _import_env() -> Any:
+    return importlib.import_module("nemo_gym_env.envs.env")
+
+
+def _import_vector() -> Any:
+    return importlib.import_module("nemo_gym_env.envs.vector")

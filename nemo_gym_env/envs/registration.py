@@ -1,0 +1,90 @@
+"""Gymnasium ids for every bundled server, registered when ``nemo_gym_env`` is imported.
+
+Gymnasium 1.x has no plugin entry points, so ``import nemo_gym_env`` is what makes
+``gym.make("NemoGym/<server>-v0")`` work. Bump ``-vN`` when step or reward semantics change.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
+
+__all__ = ["GENERIC_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
+
+NAMESPACE = "NemoGym"
+GENERIC_ID = f"{NAMESPACE}/Generic-v0"
+"""Any server: ``gym.make(GENERIC_ID, base_url=..., dataset=...)`` or ``config_paths=[...]``."""
+
+ENTRY_POINT = "nemo_gym_env.envs.make:make_env"
+VECTOR_ENTRY_POINT = "nemo_gym_env.envs.make:make_vector_env"
+
+NONDETERMINISTIC = frozenset({"code_gen"})
+"""Bundled servers whose verdict depends on more than the seed and the actions: code_gen runs
+the program under wall-clock limits (a solution near its time limit passes on an idle machine
+and fails on a loaded one) and reports the time its tests took. Their ids carry
+``nondeterministic=True``, the flag Gymnasium's checker reads."""
+
+
+def env_id(server: str) -> str:
+    """The Gymnasium id of a bundled server, e.g. ``NemoGym/example_multi_step-v0``."""
+    return f"{NAMESPACE}/{server}-v0"
+
+
+def register_envs() -> list[str]:
+    """Register (once) the generic id and one id per bundled server; return the ids."""
+    # Imported here, not at the top: a launched server process imports this module (through
+    # ``import nemo_gym_env``) on its boot path and never needs Gymnasium or the config stack.
+    import gymnasium as gym
+
+    from nemo_gym_env.launch.catalog import bundled_servers
+
+    ids = []
+    for name in [None, *sorted(bundled_servers())]:
+        this_id = GENERIC_ID if name is None else env_id(name)
+        ids.append(this_id)
+        if this_id in gym.registry:
+            continue
+        gym.register(
+            id=this_id,
+            entry_point=ENTRY_POINT,
+            vector_entry_point=VECTOR_ENTRY_POINT,
+            kwargs={} if name is None else {"server": name},
+            nondeterministic=name in NONDETERMINISTIC,
+        )
+    return ids
+
+
+def register_envs_on_gymnasium_import() -> None:
+    """Register the ids as soon as ``gymnasium`` is imported; at once if it already is.
+
+    A resources server process imports ``nemo_gym_env`` (for ``nemo_gym_env.server``) but has
+    no use for Gymnasium, which costs it ~0.15 s (numpy included) before it can answer; the
+    package defers registration this way there. Should code in that process import
+    ``gymnasium`` after all, the ids are registered right after it, as if nothing were deferred.
+    """
+    if "gymnasium" in sys.modules:
+        register_envs()
+    elif not any(isinstance(f, _RegisterAfterGymnasium) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterGymnasium())
+
+
+class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder):
+    """Import hook: lets ``gymnasium`` be found as usual, and calls :func:`register_envs` once it has run."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "gymnasium":
+            return None
+        sys.meta_path.remove(self)  # once; and find_spec below must not come back here
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_register(module: Any) -> None:
+            exec_module(module)
+            register_envs()
+
+        spec.loader.exec_module = exec_and_register  # type: ignore[method-assign]
+        return spec

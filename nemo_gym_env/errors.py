@@ -1,0 +1,226 @@
+"""Every public error of ``nemo_gym_env``, under one base class.
+
+A caller that wants to handle anything this package raises on purpose catches one name::
+
+    from nemo_gym_env.errors import NemoGymError
+
+    try:
+        env.step(action)
+    except NemoGymError as exc:
+        print(exc)
+
+Each error also derives from the built-in it has always been (``ValueError``, ``RuntimeError``,
+``KeyError``), so ``except ValueError`` around an action keeps working. The module imports
+nothing beyond the standard library: server processes, the launcher and the env all import it.
+
+Which side raises what:
+
+- the env and its user: :class:`ActionError` (a model turn the env cannot read),
+  :class:`ServerError` (a resources server failed or answered unusably); below it, the
+  transport's :class:`ConnectFailed` and :class:`TransportError`;
+- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout`;
+- configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
+  :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
+- data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
+- policies: :class:`PolicyError`, :class:`ModelProvisionError`, :class:`NoContinuation`;
+- scale-out and trainer adapters: :class:`WorkersLost`, :class:`NemoRLFormatError`,
+  :class:`RolloutFailed`;
+- the command line: :class:`UsageError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "NemoGymError",
+    "ActionError",
+    "ConfigError",
+    "ConnectFailed",
+    "DatasetError",
+    "LaunchError",
+    "ModelProvisionError",
+    "NoContinuation",
+    "NemoRLFormatError",
+    "PolicyError",
+    "RolloutFailed",
+    "RolloutFileError",
+    "ScaffoldError",
+    "ServerCrashed",
+    "ServerError",
+    "SessionLostError",
+    "TaskTimeout",
+    "TransportError",
+    "UnknownServerError",
+    "UsageError",
+    "WorkersLost",
+]
+
+
+class NemoGymError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+# ---- the env ---------------------------------------------------------------------------------
+
+
+class ActionError(NemoGymError, ValueError):
+    """An action the env cannot interpret; the episode is left exactly as it was."""
+
+
+class ServerError(NemoGymError, RuntimeError):
+    """A resources server could not be reached or answered unusably.
+
+    Attributes name the server URL, the route and the task index so the message says where
+    to look; ``status_code`` is the HTTP status when there was one.
+    """
+
+    def __init__(self, message: str, *, server: str, route: str, task_index: int | None = None,
+                 status_code: int | None = None):
+        where = f"{server}{route}" + (f" (task {task_index})" if task_index is not None else "")
+        super().__init__(f"{where}: {message}")
+        self.server = server
+        self.route = route
+        self.task_index = task_index
+        self.status_code = status_code
+
+
+class ConnectFailed(NemoGymError):
+    """Nothing was sent: the connection could not be opened (safe to retry)."""
+
+
+class TransportError(NemoGymError):
+    """The connection failed or the reply was malformed after the request was sent (not retried:
+    the request may have reached the server)."""
+
+
+# ---- the server kit ----------------------------------------------------------------------------
+
+
+class SessionLostError(NemoGymError):
+    """The request's session cookie was not signed by this launch of the server; answered 410."""
+
+    def __str__(self) -> str:
+        return ("the session cookie was not issued by this launch of the server (the server restarted, "
+                "the session expired, or the cookie is forged): this session's state is gone. "
+                "Start a new episode with POST /seed_session.")
+
+
+class TaskTimeout(NemoGymError):
+    """A task did not finish within its time limit; the worker that ran it was stopped."""
+
+
+# ---- configs, launching, the catalog ----------------------------------------------------------
+
+
+class ConfigError(NemoGymError, ValueError):
+    """A user-facing configuration problem; the message names the file or key and the fix."""
+
+
+class LaunchError(NemoGymError, RuntimeError):
+    """A server could not be started, restarted or found."""
+
+
+class ServerCrashed(LaunchError):
+    """A server process exited while starting.
+
+    Attributes:
+        name: The instance name.
+        returncode: The exit code (negative: killed by that signal).
+        log_tail: The last lines of its log.
+    """
+
+    def __init__(self, name: str, returncode: int | None, log_tail: str):
+        self.name = name
+        self.returncode = returncode
+        self.log_tail = log_tail
+        super().__init__(f"server {name!r} exited with code {returncode} during start-up; last log lines:\n{log_tail}")
+
+
+class UnknownServerError(NemoGymError, KeyError):
+    """No bundled server has this name; the message lists the available ones."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class ScaffoldError(NemoGymError, ValueError):
+    """The name or the target folder cannot be used; the message says why and what to do."""
+
+
+# ---- data and rollout files --------------------------------------------------------------------
+
+
+class DatasetError(NemoGymError, ValueError):
+    """A dataset that cannot be used; ``problems`` lists each offending line (``line`` and ``reason``)."""
+
+    def __init__(self, path: str, problems: Sequence[Any]):
+        shown = "; ".join(str(p) for p in problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        super().__init__(f"{path}: {len(problems)} invalid row(s): {shown}{more}")
+        self.path = path
+        self.problems = list(problems)
+
+
+class RolloutFileError(NemoGymError, ValueError):
+    """An existing rollouts file that cannot be resumed (a damaged line that is not the last)."""
+
+
+# ---- policies ------------------------------------------------------------------------------------
+
+
+class PolicyError(NemoGymError, RuntimeError):
+    """A model call that failed for good: after retries, or with a reply that is not a turn.
+
+    The message never contains the API key.
+
+    Attributes:
+        status_code: The HTTP status of the last reply, when there was one.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class NoContinuation(NemoGymError):
+    """A chat template cannot render new messages as a suffix of the earlier ones, so a multi-turn
+    prompt cannot extend the previous one token for token."""
+
+
+class ModelProvisionError(NemoGymError, RuntimeError):
+    """The default model could not be downloaded or converted; the message says what to do."""
+
+
+# ---- scale-out and trainer adapters --------------------------------------------------------------
+
+
+class WorkersLost(NemoGymError, RuntimeError):
+    """Every Ray worker died before the collection finished.
+
+    Attributes:
+        missing: The keys of the rollouts that never finished.
+    """
+
+    def __init__(self, message: str, missing: list[Any]):
+        super().__init__(message)
+        self.missing = missing
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.args[0], self.missing)
+
+
+class NemoRLFormatError(NemoGymError, ValueError):
+    """An episode NeMo RL would reject; the message names the turn and the fix."""
+
+
+class RolloutFailed(NemoGymError, RuntimeError):
+    """A row whose rollout failed on every attempt (its policy or server kept failing)."""
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+
+class UsageError(NemoGymError):
+    """A mistake in how a command was called; printed as one line, exit code 1."""

@@ -1,0 +1,100 @@
+"""The resources servers bundled with the package.
+
+A bundled server is a folder of the installed ``nemo_gym_env.servers`` package holding
+``app.py``, ``configs/<name>.yaml`` (NeMo Gym's config format) and ``data/example.jsonl``::
+
+    from nemo_gym_env.launch.catalog import bundled_servers, bundled_spec, bundled_dataset
+
+    sorted(bundled_servers())            # ['example_multi_step', ...]
+    spec = bundled_spec("example_multi_step")
+    rows = bundled_dataset("example_multi_step")
+
+Paths come from the installed package (editable install or wheel), not from a checkout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+from pathlib import Path
+
+from nemo_gym_env.errors import ConfigError, UnknownServerError
+from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+
+__all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bundled_dataset", "bundled_servers",
+           "bundled_spec"]
+
+SERVERS_PACKAGE = "nemo_gym_env.servers"
+"""Import name of the package holding the bundled server folders."""
+
+
+def _package_dirs() -> list[Path]:
+    try:
+        root = importlib.resources.files(SERVERS_PACKAGE)
+    except ModuleNotFoundError:
+        return []
+    if isinstance(root, Path):
+        dirs = [root]
+    else:  # a namespace package spanning several folders (MultiplexedPath): use its __path__
+        dirs = [Path(p) for p in importlib.import_module(SERVERS_PACKAGE).__path__]
+    return [d for d in dirs if d.is_dir()]
+
+
+def bundled_servers() -> dict[str, Path]:
+    """Name -> folder of every bundled server (folders with ``app.py`` and ``configs/<name>.yaml``)."""
+    found: dict[str, Path] = {}
+    for root in _package_dirs():
+        for folder in sorted(root.iterdir()):
+            name = folder.name
+            if (
+                folder.is_dir()
+                and name not in found
+                and (folder / "app.py").is_file()
+                and (folder / "configs" / f"{name}.yaml").is_file()
+            ):
+                found[name] = folder
+    return found
+
+
+def _folder(name: str) -> Path:
+    servers = bundled_servers()
+    if name not in servers:
+        available = ", ".join(sorted(servers)) or "none (is the package installed?)"
+        raise UnknownServerError(f"no bundled server named {name!r}; available: {available}")
+    return servers[name]
+
+
+def bundled_spec(name: str) -> ServerSpec:
+    """The :class:`~nemo_gym_env.launch.config.ServerSpec` of a bundled server, from its own YAML.
+
+    Raises:
+        UnknownServerError: If ``name`` is not a bundled server (a ``KeyError``).
+        ConfigError: If its YAML does not define exactly one resources server.
+    """
+    path = bundled_config_path(name)
+    specs = server_specs(load_config([path], env_yaml=None))
+    if len(specs) != 1:
+        raise ConfigError(f"{path} must define exactly one resources server, found {len(specs)}")
+    return specs[0]
+
+
+def bundled_config_path(name: str) -> Path:
+    """Path of a bundled server's own config (``configs/<name>.yaml``).
+
+    Raises:
+        UnknownServerError: If ``name`` is not a bundled server.
+    """
+    return _folder(name) / "configs" / f"{name}.yaml"
+
+
+def bundled_dataset(name: str) -> Path:
+    """Path of a bundled server's example tasks (``data/example.jsonl``).
+
+    Raises:
+        UnknownServerError: If ``name`` is not a bundled server.
+        FileNotFoundError: If the server ships no example data.
+    """
+    path = _folder(name) / "data" / "example.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"bundled server {name!r} has no example data at {path}")
+    return path

@@ -1,0 +1,125 @@
+"""Responses-API items as plain data: what kind an item is, its text, and the one check of a model turn.
+
+Every part of the package that looks at items (the env, the parser, the spaces, the policies,
+the trainer adapters) asks here, so the rules cannot drift apart:
+
+- :func:`plain` turns an ``openai`` SDK or pydantic object into the JSON dict it stands for;
+- :func:`item_kind` says what an item is (an item without ``type`` but with a ``role`` is a
+  message, the Responses API's ``EasyInputMessage``);
+- :func:`is_model_item` says whether the model wrote it;
+- :func:`content_text` and :func:`reasoning_text` read the text out of content and summary parts;
+- :func:`check_turn` validates a model turn's items against the wire types.
+
+Example:
+    >>> item_kind({"role": "user", "content": "hi"}), is_model_item({"type": "function_call"})
+    ('message', True)
+    >>> content_text([{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}])
+    'ab'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from nemo_gym_env.protocol.types import make_response
+
+__all__ = [
+    "ACTION_ITEM_TYPES",
+    "ITEM_TYPES",
+    "MODEL_ITEM_TYPES",
+    "check_turn",
+    "content_text",
+    "is_model_item",
+    "item_kind",
+    "plain",
+    "reasoning_text",
+]
+
+ITEM_TYPES: tuple[str, ...] = ("message", "function_call", "function_call_output", "reasoning")
+"""Item types an episode holds (and an observation may hold)."""
+
+ACTION_ITEM_TYPES: tuple[str, ...] = ("message", "function_call", "reasoning")
+"""Item types a model may emit in a turn (tool outputs come from the environment)."""
+
+MODEL_ITEM_TYPES: tuple[str, ...] = ("function_call", "reasoning")
+"""Item types only a model writes; an assistant ``message`` is the model's too."""
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data: an ``openai`` SDK or pydantic object dumped, anything else unchanged.
+
+    Dumped in JSON mode, by alias, without ``None`` fields: the form items travel in.
+
+    Example:
+        >>> from nemo_gym_env.protocol.types import FunctionCallOutput
+        >>> plain(FunctionCallOutput(call_id="c1", output="ok"))
+        {'call_id': 'c1', 'output': 'ok', 'type': 'function_call_output'}
+    """
+    if not isinstance(value, (dict, list, str)) and hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_none=True, by_alias=True)
+    return value
+
+
+def item_kind(item: Any) -> str | None:
+    """An item dict's ``type``; ``"message"`` for a ``role`` dict without one; None otherwise."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        return "message"
+    return kind if isinstance(kind, str) else None
+
+
+def is_model_item(item: Any) -> bool:
+    """Whether the model wrote ``item``: a ``function_call``, ``reasoning`` or assistant ``message``."""
+    kind = item_kind(item)
+    return kind in MODEL_ITEM_TYPES or (kind == "message" and item.get("role") == "assistant")
+
+
+def content_text(content: Any) -> str:
+    """The text of a message ``content``: a string, or its text and refusal parts joined.
+
+    Example:
+        >>> content_text("plain"), content_text([{"type": "refusal", "refusal": "no"}])
+        ('plain', 'no')
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for part in content:
+        part = plain(part)
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, dict):
+            text = part.get("text", part.get("refusal"))
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts)
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its summary parts (else its content parts), stripped, one per paragraph."""
+    parts = item.get("summary") or item.get("content") or []
+    texts = [content_text([part]).strip() for part in parts]
+    return "\n\n".join(text for text in texts if text)
+
+
+def check_turn(items: list[dict[str, Any]]) -> str | None:
+    """Why ``items`` are not a valid model turn (``"<position>.<field>: <reason>"``), or None.
+
+    The items are validated against the wire types (:mod:`nemo_gym_env.protocol.types`), as the
+    env's ``step`` and the action space's ``contains`` both require.
+    """
+    try:
+        make_response(items)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:])
+        return f"{where}: {first['msg']}"
+    except RecursionError:
+        return "nested too deeply"
+    return None

@@ -1,0 +1,23 @@
+"""The bookkeeping keys NeMo Gym adds to rows, in one place.
+
+A rollout row is the ``/verify`` reply plus :data:`TASK_INDEX_KEY` and :data:`ROLLOUT_INDEX_KEY`;
+a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a failed rollout
+(written to the failures sidecar, never to the rollouts file) carries :data:`FAILURE_CLASS_KEY`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY"]
+
+TASK_INDEX_KEY = "_ng_task_index"
+"""The task's index in its dataset."""
+
+ROLLOUT_INDEX_KEY = "_ng_rollout_index"
+"""Which repeat of the task this rollout is (0 .. num_repeats - 1)."""
+
+AGENT_REF_KEY = "agent_ref"
+"""``{"type": ..., "name": ...}``: the agent (or resources server) a row plays on."""
+
+FAILURE_CLASS_KEY = "_ng_failure_class"
+"""Marks a failed rollout (NeMo Gym's sidecar key); its value says whose fault:
+``server_error``, ``policy_error`` or ``policy_timeout``."""

@@ -1,0 +1,229 @@
+"""One rollout, and many at once: a task played through a policy against a resources server.
+
+:func:`run_rollout` plays one :class:`RolloutJob` (seed, policy turns and tool calls, verify)
+and never raises for a failing policy or server: it returns a failure row instead (see
+:data:`~nemo_gym_env.protocol.keys.FAILURE_CLASS_KEY`). :func:`collect_jobs` runs many,
+``concurrency`` at a time, drawing jobs lazily; :func:`collect` is the one-server shortcut::
+
+    async for row in collect(rows, ScriptedPolicy("example_multi_step"), url, num_repeats=4):
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.envs.actions import normalize_action
+from nemo_gym_env.envs.episode import Episode
+from nemo_gym_env.errors import ActionError, ServerError
+from nemo_gym_env.policies.base import Policy, PolicyRequest
+from nemo_gym_env.protocol.keys import AGENT_REF_KEY, FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+
+__all__ = ["RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+
+
+def apply_sampling(row: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The row with sampling overrides merged into ``responses_create_params`` (NeMo Gym's semantics).
+
+    Example:
+        >>> apply_sampling({"responses_create_params": {"input": "hi", "temperature": 1.0}}, {"temperature": 0.2})
+        {'responses_create_params': {'input': 'hi', 'temperature': 0.2}}
+    """
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if not overrides:
+        return row
+    return {**row, "responses_create_params": {**row["responses_create_params"], **overrides}}
+
+
+class ServerClients:
+    """One :class:`~nemo_gym_env.client.resources.ResourcesClient` per server name, made on first use.
+
+    Every rollout of a server shares its client (and so its connections); each episode keeps
+    its own cookies.
+
+    Args:
+        urls: Server name -> base URL.
+        timeout_s: Timeout of every request, ``/verify`` included.
+    """
+
+    def __init__(self, urls: Mapping[str, str], *, timeout_s: float = 120.0):
+        self.urls = dict(urls)
+        self.timeout_s = timeout_s
+        self._clients: dict[str, ResourcesClient] = {}
+
+    def __getitem__(self, name: str) -> ResourcesClient:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = ResourcesClient(self.urls[name], timeout_s=self.timeout_s,
+                                                          verify_timeout_s=self.timeout_s)
+        return client
+
+
+@dataclass
+class RolloutJob:
+    """One rollout to run: a task row, its indices, where and with what.
+
+    Attributes:
+        row: The task row (sampling overrides already applied).
+        task_index: ``_ng_task_index`` of the output row.
+        rollout_index: ``_ng_rollout_index`` of the output row.
+        client: The resources server's client.
+        policy: The policy playing the model.
+        server: The server's name, recorded as ``agent_ref`` when the row has none.
+    """
+
+    row: dict[str, Any]
+    task_index: int
+    rollout_index: int
+    client: ResourcesClient
+    policy: Policy
+    server: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(task_index, rollout_index)``."""
+        return self.task_index, self.rollout_index
+
+
+def _stamp(job: RolloutJob, row: dict[str, Any]) -> dict[str, Any]:
+    row[TASK_INDEX_KEY] = job.task_index
+    row[ROLLOUT_INDEX_KEY] = job.rollout_index
+    if AGENT_REF_KEY not in row:
+        ref = job.row.get(AGENT_REF_KEY)
+        if ref is None and job.server is not None:
+            ref = {"type": "resources_servers", "name": job.server}
+        if ref is not None:
+            row[AGENT_REF_KEY] = ref
+    return row
+
+
+def _failure(job: RolloutJob, kind: str, reason: str) -> dict[str, Any]:
+    return _stamp(job, {FAILURE_CLASS_KEY: kind, "failure_reason": reason[:2000], "server_url": job.client.base_url})
+
+
+async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None) -> dict[str, Any]:
+    """Play one episode: seed the session, alternate policy turns and tool calls, verify.
+
+    Never raises for a failing policy or server: returns a failure row instead (see
+    :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
+    """
+    episode = Episode(job.client, job.row, job.task_index, max_steps)
+    try:
+        observation, info = await episode.start()
+    except ServerError as exc:
+        return _failure(job, "server_error", str(exc))
+    sampling = info["sampling"]
+    while not episode.done:
+        request = PolicyRequest(
+            input=observation, history=list(episode.trajectory), tools=episode.tools, sampling=dict(sampling),
+            row=job.row,
+        )
+        where = f"policy {job.policy.name!r} (task {job.task_index}, rollout {job.rollout_index}, turn {episode.turn})"
+        try:
+            if turn_timeout_s is None:
+                turn = await job.policy.generate(request)
+            else:
+                turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s)
+            items = normalize_action(turn.action(), turn=episode.turn)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            return _failure(job, "policy_timeout", f"{where}: no answer within {turn_timeout_s:g} s")
+        except ActionError as exc:
+            return _failure(job, "policy_error", f"{where} returned an invalid turn: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failing policy fails this rollout, not the run
+            return _failure(job, "policy_error", f"{where}: {type(exc).__name__}: {exc}")
+        await episode.play(items)
+    if episode.error is not None or episode.last_verify is None:
+        return _failure(job, "server_error", str(episode.error or "the episode ended without a verify reply"))
+    return _stamp(job, dict(episode.last_verify))
+
+
+async def collect_jobs(
+    jobs: Iterable[RolloutJob],
+    *,
+    concurrency: int = 8,
+    max_steps: int = 16,
+    turn_timeout_s: float | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Run jobs concurrently on the running loop, at most ``concurrency`` at a time; yield rows as they finish.
+
+    Jobs are drawn from ``jobs`` lazily, so a huge dataset is never materialised as tasks.
+    Closing the iterator (or cancelling its consumer) cancels the rollouts in flight.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    pending = iter(jobs)
+    running: set[asyncio.Task] = set()
+
+    def fill() -> None:
+        while len(running) < concurrency:
+            job = next(pending, None)
+            if job is None:
+                return
+            running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s)))
+
+    fill()
+    try:
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            running.difference_update(done)
+            fill()  # refill before yielding: a slow consumer does not idle the window
+            for task in done:
+                yield task.result()
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+async def collect(
+    rows: Sequence[dict[str, Any]],
+    policy: Policy,
+    server_url: str,
+    *,
+    num_repeats: int = 1,
+    concurrency: int = 8,
+    max_steps: int = 16,
+    sampling: Mapping[str, Any] | None = None,
+    skip: Iterable[tuple[int, int]] = (),
+    request_timeout_s: float = 120.0,
+    turn_timeout_s: float | None = None,
+    server_name: str | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Roll out every row ``num_repeats`` times against one server; yield output (or failure) rows.
+
+    Args:
+        rows: Task rows; a row's ``_ng_task_index`` is kept, otherwise its position is used.
+        policy: Plays the model.
+        server_url: The resources server.
+        num_repeats: Rollouts per task (``_ng_rollout_index`` 0..n-1).
+        concurrency: Rollouts in flight at once.
+        max_steps: Model turns before an episode is verified anyway.
+        sampling: Overrides of ``responses_create_params`` (``temperature``, ``top_p``, ``max_output_tokens``).
+        skip: ``(task_index, rollout_index)`` pairs already done (``RolloutWriter.done`` when resuming).
+        request_timeout_s: Timeout of each server request.
+        turn_timeout_s: Timeout of each policy turn (None: the policy's own).
+        server_name: Recorded as ``agent_ref`` on rows without one.
+
+    Yields:
+        Rows in completion order; :func:`is_failure` tells failures apart.
+    """
+    client = ResourcesClient(server_url, timeout_s=request_timeout_s, verify_timeout_s=request_timeout_s)
+    done = set(skip)
+
+    def jobs() -> Iterable[RolloutJob]:
+        for position, row in enumerate(rows):
+            task_index = int(row.get(TASK_INDEX_KEY, position))
+            prepared = apply_sampling(row, sampling)
+            for rollout_index in range(num_repeats):
+                if (task_index, rollout_index) not in done:
+                    yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name)
+
+    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s):
+        yield row

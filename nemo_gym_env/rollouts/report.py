@@ -1,0 +1,221 @@
+"""What a rollouts run reports: metrics of the whole file, per server, and the progress line.
+
+The numbers are NeMo Gym's (``mean/reward``, ``pass@k/reward``...), computed by
+:func:`~nemo_gym_env.protocol.metrics.aggregate_metrics` per server (``agent_ref.name``) and over
+everything; :func:`summarize` is what ``<output stem>_metrics.json`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from nemo_gym_env.protocol.keys import AGENT_REF_KEY, TASK_INDEX_KEY
+from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields
+from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, row_key, scan_rollouts
+
+__all__ = ["Progress", "agent_name", "metrics_table", "summarize", "text_table", "write_metrics"]
+
+
+def agent_name(row: Mapping[str, Any]) -> str | None:
+    """The server (or agent) a row names in ``agent_ref.name``; None when it names none."""
+    ref = row.get(AGENT_REF_KEY)
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _server_of(row: Mapping[str, Any]) -> str:
+    return agent_name(row) or "all"
+
+
+def summarize(output: str | Path) -> dict[str, Any]:
+    """Aggregate metrics of a rollouts file, overall and per server (``agent_ref.name``).
+
+    Failures still standing (in the sidecar, with no output row of the same key) are counted
+    as ``num_failed``. The result is what ``<output stem>_metrics.json`` holds.
+    """
+    output = Path(output)
+    slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    keys = set()
+
+    def keep(row: dict[str, Any]) -> None:  # only what the metrics need: a huge file never sits in memory
+        keys.add(row_key(row))
+        slim[_server_of(row)].append({**numeric_fields(row), TASK_INDEX_KEY: row[TASK_INDEX_KEY]})
+
+    if output.exists():
+        scan_rollouts(output, keep)
+    failed: dict[str, set] = defaultdict(set)
+    sidecar = failures_path(output)
+    if sidecar.exists():
+        with open(sidecar, encoding="utf-8", errors="replace") as lines:
+            failures = [line for line in lines if line.strip()]
+        for line in failures:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            key = row_key(row)
+            if key is not None and key not in keys:
+                failed[_server_of(row)].add(key)
+    everything = [r for group in slim.values() for r in group]
+    summary: dict[str, Any] = {
+        "output": str(output),
+        "num_rollouts": len(everything),
+        "num_failed": sum(len(v) for v in failed.values()),
+        **aggregate_metrics(everything).model_dump(),
+        "per_server": {},
+    }
+    for name in sorted(set(slim) | set(failed)):
+        metrics = aggregate_metrics(slim.get(name, []))
+        summary["per_server"][name] = {
+            "num_rollouts": len(slim.get(name, [])),
+            "num_failed": len(failed.get(name, ())),
+            "agent_metrics": metrics.agent_metrics,
+            "key_metrics": metrics.key_metrics,
+        }
+    return summary
+
+
+def write_metrics(output: str | Path) -> dict[str, Any]:
+    """:func:`summarize` the rollouts file and write it to ``<output stem>_metrics.json``; returns it."""
+    summary = summarize(output)
+    metrics_path(output).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def metrics_table(summary: Mapping[str, Any]) -> str:
+    """The summary as a text table: one line per server, then the total."""
+
+    def line(name: str, rollouts: int, failed: int, agent: Mapping[str, Any]) -> list[str]:
+        ks = sorted(int(k[5:].split("/")[0]) for k in agent if k.startswith("pass@") and k[5:].split("/")[0].isdigit())
+        k = ks[-1] if ks else None
+        mean = agent.get("mean/reward")
+        return [
+            name,
+            str(agent.get("num_tasks", 0)),
+            str(rollouts),
+            str(failed),
+            "-" if mean is None else f"{mean:.3f}",
+            "-" if "pass@1/reward" not in agent else f"{agent['pass@1/reward']:.1f}",
+            "-" if k is None else f"{agent[f'pass@{k}/reward']:.1f} (k={k})",
+        ]
+
+    table = [["server", "tasks", "rollouts", "failed", "mean/reward", "pass@1 %", "pass@k %"]]
+    per_server = summary.get("per_server", {})
+    for name, entry in per_server.items():
+        table.append(line(name, entry["num_rollouts"], entry["num_failed"], entry["agent_metrics"]))
+    if len(per_server) != 1:
+        table.append(line("total", summary["num_rollouts"], summary["num_failed"], summary["agent_metrics"]))
+    return text_table(table, numeric=True)
+
+
+def text_table(rows: Sequence[Sequence[str]], *, numeric: bool = False) -> str:
+    """Rows of cells as aligned text, a rule under the first (header) row.
+
+    Columns are left-aligned; with ``numeric`` every column but the first is right-aligned.
+
+    Example:
+        >>> print(text_table([["name", "n"], ["a", "10"]], numeric=True))
+        name   n
+        ----  --
+        a     10
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for number, row in enumerate(rows):
+        cells = [cell.rjust(w) if numeric and i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        out.append("  ".join(cells).rstrip())
+        if number == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+class Progress:
+    """A progress line on stderr: done/total, rate, mean reward, failures, ETA.
+
+    On a terminal it redraws one line in place; otherwise it prints a plain line at every
+    10% and at least every 30 s, so logs stay readable.
+    """
+
+    def __init__(self, total: int, *, initial: int = 0, stream: IO[str] | None = None, label: str = "rollouts"):
+        self.total = total
+        self.initial = initial
+        self.stream = stream or sys.stderr
+        self.label = label
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.count = 0
+        self.failed = 0
+        self._reward_sum = 0.0
+        self._rewarded = 0
+        self._start = time.monotonic()
+        self._last_draw = 0.0
+        self._next_pct = 10
+        self._drawn = False
+
+    def update(self, row: Mapping[str, Any]) -> None:
+        """Count one finished rollout (or failure)."""
+        self.count += 1
+        if is_failure(row):
+            self.failed += 1
+        elif isinstance(row.get("reward"), (int, float)):
+            self._reward_sum += float(row["reward"])
+            self._rewarded += 1
+        now = time.monotonic()
+        pct = 100 * (self.initial + self.count) / max(self.total, 1)
+        if self.tty:
+            if now - self._last_draw >= 0.1 or self.initial + self.count >= self.total:
+                self._draw(now)
+        elif pct >= self._next_pct or now - self._last_draw >= 30.0:
+            while self._next_pct <= pct:
+                self._next_pct += 10
+            self._draw(now)
+
+    def text(self, now: float | None = None) -> str:
+        """The current progress line."""
+        now = time.monotonic() if now is None else now
+        done = self.initial + self.count
+        elapsed = max(now - self._start, 1e-9)
+        rate = self.count / elapsed
+        pct = 100 * done / max(self.total, 1)
+        mean = f"{self._reward_sum / self._rewarded:.3f}" if self._rewarded else "-"
+        eta = (self.total - done) / rate if rate > 0 else None
+        eta_text = "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta)).removeprefix("00:")
+        bar = ""
+        if self.tty:
+            filled = int(20 * done / max(self.total, 1))
+            bar = "[" + "#" * filled + "-" * (20 - filled) + "] "
+        failed = f"  failed {self.failed}" if self.failed else ""
+        return (
+            f"{self.label} {bar}{done}/{self.total} {pct:3.0f}%  {rate:.2f}/s  mean reward {mean}{failed}  eta {eta_text}"
+        )
+
+    def _draw(self, now: float) -> None:
+        self._last_draw = now
+        try:
+            if self.tty:
+                self.stream.write("\r\x1b[2K" + self.text(now))
+            else:
+                self.stream.write(self.text(now) + "\n")
+            self.stream.flush()
+            self._drawn = True
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """End the line (terminal) or print the final state (plain)."""
+        try:
+            if self.tty and self._drawn:
+                self.stream.write("\n")
+            elif not self.tty and self.count and self._next_pct <= 100:
+                self.stream.write(self.text() + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass

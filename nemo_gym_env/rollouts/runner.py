@@ -1,0 +1,125 @@
+"""Running a planned rollouts run: launch what is needed, play the missing rollouts, write each row.
+
+:func:`run_plan` is the whole of ``nemo-gym-env rollouts`` after planning::
+
+    plan = plan_rollouts(settings)
+    with RolloutWriter(settings.output, resume=settings.resume) as writer:
+        stopped = run_plan(plan, writer)
+    summary = write_metrics(settings.output)
+
+SIGINT and SIGTERM stop a run cleanly: the rollouts in flight are cancelled, every finished row
+is already on disk, the servers it launched are stopped, and :func:`run_plan` returns the signal
+(a second signal exits at once). ``--resume`` then runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.launch.signals import Stopped
+from nemo_gym_env.policies.base import Policy
+from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
+from nemo_gym_env.rollouts.output import RolloutWriter
+from nemo_gym_env.rollouts.plan import RolloutPlan
+from nemo_gym_env.rollouts.report import Progress
+
+__all__ = ["run_plan"]
+
+
+def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], None] = lambda message: None,
+             ) -> list[int]:
+    """Launch what is needed and run the missing rollouts into ``writer``; returns the stop signal, if any.
+
+    ``say`` receives one-line notes for a person (servers started, what will run).
+    """
+    settings, targets = plan.settings, plan.targets
+    repeats = settings.num_repeats
+    expected = plan.num_tasks * repeats
+    todo = {n: [(ti, row) for ti, row in t.rows if any((ti, r) not in writer.done for r in range(repeats))]
+            for n, t in targets.items()}
+    remaining = sum(1 for t in targets.values() for ti, _ in t.rows for r in range(repeats) if (ti, r) not in writer.done)
+    stopped: list[int] = []
+    launcher = None
+    try:
+        to_launch = [targets[n].spec for n, rows in todo.items() if rows and targets[n].url is None]
+        if to_launch:
+            started = time.monotonic()
+            launcher = Launcher(auto_restart=True, stream_logs=settings.stream_logs, log_dir=settings.log_dir)
+            for proc in launcher.start_all(to_launch):
+                targets[proc.name].url = proc.url
+            say(f"started {len(to_launch)} server(s) in {time.monotonic() - started:.1f} s")
+        say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
+            f"{', '.join(targets)}; policy {plan.describe_policy()}; output {writer.path}")
+        if not remaining:
+            return stopped
+        clients = ServerClients({n: t.url for n, t in targets.items() if t.url is not None}, timeout_s=settings.timeout)
+        sampling = settings.sampling
+
+        def jobs() -> Iterator[RolloutJob]:
+            for n, rows in todo.items():
+                for ti, row in rows:
+                    prepared = apply_sampling(row, sampling)
+                    for r in range(repeats):
+                        if (ti, r) not in writer.done:
+                            yield RolloutJob(prepared, ti, r, clients[n], plan.policies[n], n)
+
+        progress = Progress(expected, initial=expected - remaining)
+        try:
+            asyncio.run(_collect(jobs(), writer, progress, plan, stopped))
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+        finally:
+            progress.close()
+    except KeyboardInterrupt:
+        stopped.append(signal.SIGINT)
+    except Stopped:
+        stopped.append(signal.SIGTERM)
+    finally:
+        if launcher is not None:
+            launcher.close()
+    return stopped
+
+
+async def _collect(jobs: Iterator[RolloutJob], writer: RolloutWriter, progress: Progress, plan: RolloutPlan,
+                   stopped: list[int]) -> None:
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    settings = plan.settings
+
+    def on_signal(signum: int) -> None:
+        if not stopped:
+            stopped.append(signum)
+            main_task.cancel()
+        else:  # a second signal: stop waiting for anything
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            os._exit(128 + signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        rows = collect_jobs(jobs, concurrency=settings.concurrency, max_steps=settings.max_steps,
+                            turn_timeout_s=settings.turn_timeout)
+        async with contextlib.aclosing(rows):
+            async for row in rows:
+                writer.write(row)
+                progress.update(row)
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+        await _close_all(plan.policies.values())
+
+
+async def _close_all(policies: Iterable[Policy]) -> None:
+    for policy in {id(p): p for p in policies}.values():
+        with contextlib.suppress(Exception):  # closing must not hide how the run ended
+            await policy.aclose()

@@ -1,0 +1,113 @@
+"""The settings of a rollouts run: one dataclass, the only place a default lives.
+
+``nemo-gym-env rollouts`` turns its arguments into :class:`RolloutSettings`; a script builds
+one directly and hands it to :func:`~nemo_gym_env.rollouts.plan.plan_rollouts`::
+
+    settings = RolloutSettings(servers=["example_multi_step"], policy="scripted", num_repeats=4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nemo_gym_env.errors import UsageError
+
+__all__ = ["DEFAULT_OUTPUT", "RolloutSettings"]
+
+DEFAULT_OUTPUT = "results/rollouts.jsonl"
+"""Where rollout rows go unless ``output`` says otherwise."""
+
+
+@dataclass
+class RolloutSettings:
+    """Everything a rollouts run needs to know; checked when built (:class:`UsageError` names the field)."""
+
+    # ---- servers and data
+    servers: list[str] = field(default_factory=list)
+    """Bundled server names to launch; with no servers, overrides or URLs: every bundled server."""
+    overrides: list[str] = field(default_factory=list)
+    """Hydra overrides, e.g. ``+config_paths=[my_env/configs/my_env.yaml]``."""
+    head_url: str | None = None
+    """Use the servers of a running head server (``GET /servers``) instead of launching."""
+    server_url: str | None = None
+    """Use one running resources server instead of launching."""
+    input: str | None = None
+    """Tasks JSONL (NeMo Gym rows); None: each server's example data."""
+    output: str = DEFAULT_OUTPUT
+    """Output JSONL; the failures sidecar and the metrics file go beside it."""
+    limit: int | None = None
+    """Only the first N valid tasks of each dataset."""
+    strict: bool = False
+    """Stop on an invalid row instead of skipping it."""
+    log_dir: str | None = None
+    """Keep launched servers' logs here (default: a temporary folder, removed at the end)."""
+    env_yaml: str | None = "env.yaml"
+    """Secrets and globals file (a missing default ``env.yaml`` is fine); None ignores it."""
+    stream_logs: bool = False
+    """Echo launched servers' logs to stderr."""
+
+    # ---- policy
+    policy: str | None = None
+    """``scripted``, ``openai`` or ``local``; None: ``local`` when torch and transformers are installed."""
+    model: str | None = None
+    """Model name (openai) or path/id (local); env.yaml: ``policy_model_name``."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint; env.yaml: ``policy_base_url``."""
+    api_key: str | None = None
+    """API key; env.yaml: ``policy_api_key``."""
+    api: str = "responses"
+    """openai: ``responses`` or ``chat`` (Chat Completions)."""
+    device: str | None = None
+    """local: ``cpu`` (default), ``cuda`` or ``cuda:N``."""
+    seed: int | None = None
+    """local: makes sampling reproducible."""
+    temperature: float | None = None
+    """Overrides ``responses_create_params.temperature``."""
+    top_p: float | None = None
+    """Overrides ``responses_create_params.top_p``."""
+    max_output_tokens: int | None = None
+    """Overrides ``responses_create_params.max_output_tokens``."""
+
+    # ---- run
+    num_repeats: int = 1
+    """Rollouts per task."""
+    concurrency: int = 8
+    """Rollouts in flight."""
+    max_steps: int = 16
+    """Model turns per episode."""
+    timeout: float = 120.0
+    """Server request timeout, seconds."""
+    turn_timeout: float | None = None
+    """Policy turn timeout, seconds (None: the policy's own)."""
+    resume: bool = False
+    """Continue the output file: run only the rollouts not already in it."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_repeats", 1), ("concurrency", 1), ("limit", 1), ("max_steps", 1),
+                          ("max_output_tokens", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise UsageError(f"{_flag(name)} must be >= {low}, got {value}")
+        for name in ("timeout", "turn_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"{_flag(name)} must be > 0, got {value}")
+        if self.server_url and self.head_url:
+            raise UsageError("give --head-url or --server-url, not both")
+        for name in ("server_url", "head_url", "base_url"):
+            url = getattr(self, name)
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise UsageError(f"{_flag(name)} must be an http:// or https:// URL, got {url!r}")
+        if self.api not in ("responses", "chat"):
+            raise UsageError(f"--api must be 'responses' or 'chat', got {self.api!r}")
+
+    @property
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling overrides that are set."""
+        values = {"temperature": self.temperature, "top_p": self.top_p, "max_output_tokens": self.max_output_tokens}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a field (messages speak the user's language: ``--num-repeats``)."""
+    return "--" + name.replace("_", "-")

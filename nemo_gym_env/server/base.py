@@ -1,0 +1,214 @@
+"""The resources server base class: NeMo Gym's ``SimpleResourcesServer`` API, hardened.
+
+A server subclasses :class:`SimpleResourcesServer`, registers its tools in
+``setup_webserver`` with ``app.post``, and implements ``verify``::
+
+    class WeatherServer(SimpleResourcesServer):
+        config: BaseResourcesServerConfig
+
+        def setup_webserver(self) -> FastAPI:
+            app = super().setup_webserver()
+            app.post("/get_weather")(self.get_weather)
+            return app
+
+        async def get_weather(self, body: GetWeatherRequest) -> GetWeatherResponse: ...
+
+        async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+            return BaseVerifyResponse(**body.model_dump(), reward=1.0)
+
+    if __name__ == "__main__":
+        WeatherServer.run_webserver()
+
+What differs from NeMo Gym, on purpose and invisibly to clients: the session cookie is
+signed with a per-launch random secret (NeMo Gym derives it from the class name, so anyone
+can forge one), and a route that asks for the session id of a request whose cookie this
+launch did not sign (forged, expired, or from before a restart) gets ``410 Gone`` rather than
+a new, empty session that would be scored as if the episode had happened there; per-session state lives in a bounded :class:`SessionStore` freed after
+``/verify``; a verifier that raises gives reward 0 with ``failure_reason`` instead of a 500;
+bodies over ``max_body_bytes`` are refused with 413 before they are read whole; bad bodies
+get a 4xx whose ``error`` names the route and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from starlette.middleware.sessions import SessionMiddleware
+
+from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
+from nemo_gym_env.protocol.metrics import aggregate_metrics
+from nemo_gym_env.protocol.types import (
+    RESERVED_ROUTES,
+    AggregateMetrics,
+    AggregateMetricsRequest,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+)
+from nemo_gym_env.server.middleware import (
+    SESSION_ID_KEY,
+    BodyLimitMiddleware,
+    SessionIdMiddleware,
+    guard_verify,
+    install_error_handlers,
+)
+from nemo_gym_env.server.serving import serve_server
+from nemo_gym_env.server.sessions import SessionStore
+
+__all__ = ["BaseResourcesServerConfig", "SimpleResourcesServer"]
+
+
+class BaseResourcesServerConfig(BaseModel):
+    """Configuration of one server instance: NeMo Gym's keys plus our limits.
+
+    Any other key in the server's YAML block is kept (``extra="allow"``) for subclasses.
+    Validation errors never quote the input: it may hold API keys, and start-up errors end
+    up in logs and in the launcher's error message.
+    """
+
+    model_config = ConfigDict(extra="allow", hide_input_in_errors=True)
+
+    name: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    entrypoint: str = "app.py"
+    domain: str | None = None
+    description: str | None = None
+    num_workers: int | None = None
+    session_ttl_s: float = 3600.0
+    max_sessions: int = 100_000
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+class SimpleResourcesServer(BaseModel):
+    """Base class of every resources server; see the module docstring for an example.
+
+    Subclasses add pydantic fields for their state (as in NeMo Gym) or keep per-session
+    state in :attr:`sessions`, which is bounded and freed after ``/verify``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    config: BaseResourcesServerConfig = Field(default_factory=BaseResourcesServerConfig)
+    server_client: Any = None
+    _sessions: SessionStore[Any] = PrivateAttr()
+    _secret: str = PrivateAttr()
+
+    def model_post_init(self, __context: Any) -> None:
+        self._sessions = SessionStore(max_sessions=self.config.max_sessions, ttl_s=self.config.session_ttl_s)
+        self._secret = os.environ.get(SESSION_SECRET_ENV) or secrets.token_urlsafe(32)
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None = None, name: str | None = None) -> "SimpleResourcesServer":
+        """Build the server from its YAML block (a plain mapping), validated by its config class."""
+        config_cls = cls.model_fields["config"].annotation
+        if not (isinstance(config_cls, type) and issubclass(config_cls, BaseModel)):
+            config_cls = BaseResourcesServerConfig
+        values = dict(config or {})
+        if name is not None:
+            values["name"] = name
+        values.setdefault("name", cls.__name__)
+        return cls(config=config_cls.model_validate(values))
+
+    @classmethod
+    def run_webserver(cls) -> None:
+        """Serve this server class as the launcher configured it (``python app.py``)."""
+        serve_server(cls)
+
+    # ---- sessions -----------------------------------------------------------------------
+
+    @property
+    def sessions(self) -> SessionStore[Any]:
+        """Per-session state keyed by session id; capped, expiring, freed after ``/verify``."""
+        return self._sessions
+
+    def session_cookie_name(self) -> str:
+        """Cookie name, ``<ClassName>___<instance name>`` as in NeMo Gym."""
+        return f"{type(self).__name__}___{self.config.name}"
+
+    @staticmethod
+    def session_id(request: Request) -> str:
+        """The session id of a request (assigned on first contact).
+
+        Raises:
+            SessionLostError: the request carries a session cookie this launch did not sign
+                (forged, expired, or issued before the server restarted): its state is gone.
+                The route answers ``410 Gone``. ``request.session[SESSION_ID_KEY]``, as NeMo
+                Gym servers write it, raises the same.
+        """
+        return request.session[SESSION_ID_KEY]
+
+    def release_session(self, session_id: str) -> None:
+        """Free a session's state; called after ``/verify``. Override to free your own structures."""
+        self._sessions.pop(session_id, None)
+
+    # ---- routes -------------------------------------------------------------------------
+
+    def setup_webserver(self) -> FastAPI:
+        """Create the app with the standard routes; subclasses call super() then add tools."""
+        app = FastAPI(title=type(self).__name__, docs_url=None, redoc_url=None)
+        self.setup_session_middleware(app)
+        app.post("/seed_session")(self.seed_session)
+        app.post("/verify")(guard_verify(self.verify))
+        app.post("/aggregate_metrics")(self.aggregate_metrics)
+        return app
+
+    def setup_session_middleware(self, app: FastAPI) -> None:
+        """Signed cookie sessions; every request gets a session id, ``/verify`` releases it."""
+        app.add_middleware(SessionIdMiddleware, cookie_name=self.session_cookie_name(),
+                           release_session=self.release_session)
+        app.add_middleware(
+            SessionMiddleware,
+            secret_key=self._secret,
+            session_cookie=self.session_cookie_name(),
+            max_age=int(self.config.session_ttl_s),
+            same_site="lax",
+        )
+
+    def setup_liveness(self, app: FastAPI) -> None:
+        """``GET /`` answers ``{"status": "ok"}``."""
+
+        @app.get("/", include_in_schema=False)
+        async def _liveness() -> dict[str, str]:
+            return {"status": "ok"}
+
+    async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
+        """Start an episode; the body is the whole dataset row. Override to set up state."""
+        return BaseSeedSessionResponse()
+
+    @abstractmethod
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        """Score the finished episode in ``body.response``; echo ``body`` back with ``reward``."""
+
+    async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
+        """``mean/<metric>``, ``pass@k/reward`` and per-task metrics over verify replies."""
+        return aggregate_metrics(body.verify_responses)
+
+    def tool_names(self, app: FastAPI) -> list[str]:
+        """Names of the tool routes registered on ``app`` (every POST route but the standard ones)."""
+        names = []
+        for route in app.routes:
+            methods = getattr(route, "methods", None) or set()
+            name = getattr(route, "path", "").lstrip("/")
+            if "POST" in methods and name and "/" not in name and name not in RESERVED_ROUTES:
+                names.append(name)
+        return names
+
+    def build_app(self) -> FastAPI:
+        """The complete app: ``setup_webserver`` plus liveness, error handling and body limits."""
+        app = self.setup_webserver()
+        self.setup_liveness(app)
+        install_error_handlers(app, f"{type(self).__name__} ({self.config.name})")
+        app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes)
+        return app
+
+

@@ -1,0 +1,262 @@
+"""The hardening every resources server gets: guarded verify, error replies, session ids, body limits.
+
+:class:`~nemo_gym_env.server.base.SimpleResourcesServer` installs these on its app; a server
+author never touches them. What they do, and why:
+
+- :func:`guard_verify`: a verifier that raises, or returns a non-finite reward, gives reward 0
+  with ``failure_kind``/``failure_reason`` instead of a 500 that would fail a training batch;
+- :func:`install_error_handlers`: a bad body gets a 422 whose ``error`` names the server, the
+  route and the field; a lost session 410; a body nested too deeply or holding what JSON cannot
+  encode 400; anything else 500 with the exception's type, logged with its traceback;
+- :class:`SessionIdMiddleware`: every request's signed session holds an id, a cookie this launch
+  did not sign meets :class:`LostSession` (410 on any read of the id), and ``/verify`` frees the
+  session's state;
+- :class:`BodyLimitMiddleware`: bodies over the limit get 413 before they are read whole.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import math
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic_core import PydanticSerializationError
+
+from nemo_gym_env.errors import SessionLostError
+from nemo_gym_env.protocol.types import BaseVerifyRequest
+
+__all__ = [
+    "SESSION_ID_KEY",
+    "BodyLimitMiddleware",
+    "LostSession",
+    "SessionIdMiddleware",
+    "guard_verify",
+    "install_error_handlers",
+    "zero_reward_reply",
+]
+
+logger = logging.getLogger("nemo_gym_env.server")
+
+SESSION_ID_KEY = "session_id"
+"""Key of the session id inside the signed cookie, as in NeMo Gym."""
+
+
+def guard_verify(verify: Any) -> Any:
+    """Wrap ``verify`` so a raising or non-finite verifier gives reward 0 with a reason, not a 500."""
+
+    @functools.wraps(verify)
+    async def verify_route(*args: Any, **kwargs: Any) -> Any:
+        body = next((v for v in kwargs.values() if isinstance(v, BaseVerifyRequest)), None)
+        try:
+            result = await verify(*args, **kwargs)
+        except SessionLostError:
+            raise  # not the verifier's fault: this episode's state is gone, there is nothing to score
+        except Exception as exc:  # a verifier bug must not fail a training batch
+            logger.error("verify raised: %s", traceback.format_exc())
+            return zero_reward_reply(body, "verifier_error", f"{type(exc).__name__}: {exc}")
+        reward = getattr(result, "reward", None) if not isinstance(result, Mapping) else result.get("reward")
+        if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            return zero_reward_reply(body, "invalid_reward", f"verifier returned a non-finite reward: {reward!r}")
+        return result
+
+    # Resolve string annotations (``from __future__ import annotations`` in the server's
+    # module) here, where the server's globals are known, so FastAPI sees real types.
+    verify_route.__signature__ = inspect.signature(verify, eval_str=True)  # type: ignore[attr-defined]
+    return verify_route
+
+
+def zero_reward_reply(body: BaseVerifyRequest | None, kind: str, reason: str) -> JSONResponse:
+    """The verify request echoed back with reward 0 and why (``failure_kind``, ``failure_reason``)."""
+    echoed = body.model_dump(mode="json") if body is not None else {}
+    return JSONResponse({**echoed, "reward": 0.0, "failure_kind": kind, "failure_reason": reason})
+
+
+def install_error_handlers(app: FastAPI, server_name: str) -> None:
+    """Error replies naming ``server_name`` (e.g. ``"WeatherServer (weather)"``); see the module docstring."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = (
+            f"{server_name}: invalid body for POST {request.url.path}: {where}: {first.get('msg', 'invalid')}"
+        )
+        detail = [{k: e.get(k) for k in ("type", "loc", "msg")} for e in errors[:20]]
+        return JSONResponse({"error": message, "detail": detail}, status_code=422)
+
+    @app.exception_handler(SessionLostError)
+    async def _session_lost(request: Request, exc: SessionLostError) -> JSONResponse:
+        return JSONResponse({"error": f"{server_name}: POST {request.url.path}: {exc}"}, status_code=410)
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        return JSONResponse(
+            {"error": f"{server_name}: body of POST {request.url.path} is nested too deeply"}, status_code=400
+        )
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("%s: POST %s raised: %s", server_name, request.url.path, traceback.format_exc())
+        return JSONResponse(
+            {"error": f"{server_name}: {request.url.path} failed: {type(exc).__name__}: {exc}"}, status_code=500
+        )
+
+    # A reply that echoes the body (``/verify`` does) cannot be encoded when the body held a lone
+    # UTF-16 surrogate escape ("\ud800") or was nested past the serializer's depth limit: the
+    # client's input is at fault, so it is a 400, not a 500 (found by tests/reliability).
+    @app.exception_handler(PydanticSerializationError)
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unencodable(request: Request, exc: ValueError) -> JSONResponse:
+        text = str(exc)
+        if "surrogates not allowed" in text:
+            why = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), which is not text"
+        elif "depth exceeded" in text:
+            why = "is nested too deeply"
+        else:
+            return await _unhandled(request, exc)
+        return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
+
+
+class LostSession(dict):
+    """``request.session`` of a request whose cookie did not verify: asking for the id raises.
+
+    It stays empty, so no new cookie is sent: every later request of that client meets the
+    same 410 instead of silently landing in a fresh session.
+    """
+
+    accessed = False  # read by Starlette's SessionMiddleware (>= 1.0) when it answers
+    modified = False
+
+    def __getitem__(self, key: Any) -> Any:
+        if key == SESSION_ID_KEY:
+            raise SessionLostError(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key == SESSION_ID_KEY:
+            raise SessionLostError(key)
+        return super().get(key, default)
+
+
+def _carries_cookie(scope: dict, name: str) -> bool:
+    """Whether the request sent a cookie called ``name`` (whatever its value)."""
+    wanted = name.encode("latin-1")
+    for header, value in scope.get("headers", ()):
+        if header == b"cookie" and any(part.split(b"=", 1)[0].strip() == wanted for part in value.split(b";")):
+            return True
+    return False
+
+
+class SessionIdMiddleware:
+    """Pure ASGI: make sure the signed session holds an id; free it once ``/verify`` answered.
+
+    A request without a session cookie, or any ``/seed_session``, gets a new id. A request whose
+    cookie did not verify (SessionMiddleware left the session empty) gets a :class:`LostSession`.
+    """
+
+    def __init__(self, app: Any, cookie_name: str, release_session: Callable[[str], None]):
+        self.app = app
+        self.cookie_name = cookie_name
+        self.release_session = release_session
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        session = scope.setdefault("session", {})
+        session_id = session.get(SESSION_ID_KEY)
+        if not isinstance(session_id, str):
+            if scope.get("path") != "/seed_session" and _carries_cookie(scope, self.cookie_name):
+                scope["session"] = LostSession()
+                await self.app(scope, receive, send)
+                return
+            session_id = str(uuid.uuid4())
+            scope.setdefault("state", {})["new_session"] = True
+        # Always assign, so the cookie is (re)sent on every reply, as NeMo Gym clients expect.
+        session[SESSION_ID_KEY] = session_id
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if scope.get("path") == "/verify":
+                self.release_session(session_id)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the limit with 413, before reading them whole.
+
+    A declared ``Content-Length`` over the limit is refused at once; a chunked body is read
+    up to the limit and refused as soon as it passes it.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int):
+        self.app = app
+        self.max = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = None
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    await _send_json(send, 400, {"error": "invalid Content-Length header"})
+                    return
+        if length is not None:
+            if length > self.max:
+                await _send_json(send, 413, _too_large(scope, self.max))
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max:
+                await _send_json(send, 413, _too_large(scope, self.max))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large(scope: dict, limit: int) -> dict[str, str]:
+    return {"error": f"body of {scope.get('method')} {scope.get('path')} exceeds the {limit}-byte limit"}
+
+
+async def _send_json(send: Any, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,246 @@
+"""Run CPU-heavy, possibly hanging functions off the event loop: a process pool, or Ray tasks.
+
+A verifier awaits :meth:`TaskRunner.run`; the event loop stays free while the work runs in
+another process, and a task that overruns its time limit raises :class:`TaskTimeout`::
+
+    runner = ProcessPoolRunner(workers=2)
+    await runner.start()                                   # optional: spawn the workers now
+    assert await runner.run(pow, 2, 10, timeout_s=5.0) == 1024
+    await runner.aclose()
+
+Why a pool that is thrown away: a worker stuck in a long SymPy (or regex) computation cannot
+be interrupted from outside, and ``concurrent.futures`` cannot cancel a running task. On a
+timeout the runner kills that pool's processes and starts a fresh pool, so later tasks never
+queue behind a hung worker; tasks that were running on the killed pool are retried once on
+the new one. Functions must be importable by name (module-level) so a spawned worker can
+unpickle them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import importlib.util
+import logging
+import multiprocessing
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from nemo_gym_env.errors import TaskTimeout
+
+__all__ = [
+    "ProcessPoolRunner",
+    "RayRunner",
+    "TaskRunner",
+    "TaskTimeout",
+    "default_workers",
+    "ray_missing_message",
+]
+
+logger = logging.getLogger("nemo_gym_env.workers")
+
+
+def default_workers() -> int:
+    """``min(4, cpu_count)``: enough to keep verification off the critical path, no more."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def ray_missing_message() -> str | None:
+    """Why Ray tasks cannot be used here (``None`` when ``ray`` is importable)."""
+    if importlib.util.find_spec("ray") is None:
+        return "ray_address is set but ray is not installed: pip install 'nemo-gym-env[ray]'"
+    return None
+
+
+class TaskRunner(ABC):
+    """Runs module-level functions in other processes with a per-task time limit."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start the workers, or fail if they cannot be had (optional: :meth:`run` starts them too)."""
+
+    @abstractmethod
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+        """``fn(*args)`` in a worker; raises :class:`TaskTimeout` after ``timeout_s`` seconds."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Stop the workers; tasks still running are abandoned."""
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+class ProcessPoolRunner(TaskRunner):
+    """A ``ProcessPoolExecutor`` (spawned workers) that is replaced whenever a task overruns.
+
+    At most ``workers`` tasks run at once; others wait on the event loop (not in the pool's
+    queue), so a task's time limit counts from when a worker is free for it.
+
+    Args:
+        workers: Number of worker processes.
+        initializer: Run once in each worker before it takes tasks (imports, warm-up), so that
+            cost does not count against any task's time limit.
+    """
+
+    def __init__(self, workers: int, *, initializer: Callable[[], Any] | None = None):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.workers = workers
+        self._initializer = initializer
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._ready: asyncio.Future | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.pools_started = 0
+        """How many pools this runner has created (1 + the number of replacements)."""
+
+    def _current(self) -> tuple[concurrent.futures.ProcessPoolExecutor, asyncio.Future]:
+        if self._pool is None or self._ready is None:
+            context = multiprocessing.get_context("spawn")  # no inherited sockets, threads or secrets
+            pool = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=self._initializer
+            )
+            # One no-op per worker spawns them all now; tasks wait until one has answered, so
+            # start-up and imports do not eat into the first task's time limit.
+            pings = [asyncio.wrap_future(pool.submit(_ready)) for _ in range(self.workers)]
+            ready = asyncio.gather(*pings)
+            ready.add_done_callback(_retrieve)  # a pool killed while starting must not log "never retrieved"
+            self._pool, self._ready = pool, ready
+            self.pools_started += 1
+        return self._pool, self._ready
+
+    async def start(self) -> None:
+        """Spawn the workers now, without waiting for ``initializer``: the first task finds them warm."""
+        self._current()
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+        """``fn(*args)`` in a worker; a task that overruns ``timeout_s`` kills and replaces the pool."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.workers)
+        async with self._slots:
+            for attempt in range(2):
+                pool, ready = self._current()
+                try:
+                    await asyncio.shield(ready)
+                    future = asyncio.wrap_future(pool.submit(fn, *args))
+                except (BrokenProcessPool, RuntimeError):  # broken, or shut down by another task's timeout
+                    self._discard(pool)
+                    if attempt:
+                        raise
+                    continue
+                done, _ = await asyncio.wait({future}, timeout=timeout_s)
+                if not done:
+                    self._discard(pool)
+                    raise TaskTimeout(f"task did not finish within {timeout_s:g} s; its worker was stopped")
+                try:
+                    return future.result()
+                except BrokenProcessPool:  # killed under us (another task's timeout) or crashed
+                    self._discard(pool)
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _discard(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Kill ``pool``'s processes; the next task starts a fresh pool."""
+        if self._pool is pool:
+            self._pool, self._ready = None, None
+        _kill_pool(pool)
+
+    async def aclose(self) -> None:
+        """Kill the workers (a hung one would block a graceful shutdown forever)."""
+        if self._pool is not None:
+            self._discard(self._pool)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # ProcessPoolExecutor has no public way to stop a running task; its worker table is the
+    # only handle on the processes. The executor's manager thread reaps them and fails the
+    # futures still pending with BrokenProcessPool.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        try:
+            process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+class RayRunner(TaskRunner):
+    """Ray tasks on a cluster (``address`` as for ``ray.init``: ``"auto"``, ``"ray://host:10001"``, ...).
+
+    A task that overruns its limit is cancelled with ``force=True``, which kills its worker.
+    ``ray`` is imported here, not at module import, so it stays an optional dependency.
+
+    Args:
+        address: The cluster to join; ``"local"`` starts a private one.
+        num_cpus: CPUs reserved per task.
+        initializer: Run once in each Ray worker process before its first task (imports,
+            warm-up), as ``ProcessPoolRunner``'s initializer, so that cost is not charged to
+            the first task a fresh worker takes.
+    """
+
+    def __init__(self, address: str, *, num_cpus: float = 1.0, initializer: Callable[[], Any] | None = None):
+        missing = ray_missing_message()
+        if missing:
+            raise RuntimeError(missing)
+        self.address = address
+        self.num_cpus = num_cpus
+        self._initializer = initializer
+        self._ray = importlib.import_module("ray")
+        self._remotes: dict[Callable[..., Any], Any] = {}
+        self._started = False
+
+    async def start(self) -> None:
+        """Join the cluster (once)."""
+        if not self._started:
+            if not self._ray.is_initialized():
+                await asyncio.to_thread(
+                    self._ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False
+                )
+            self._started = True
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+        """``fn(*args)`` as a Ray task; cancelled (worker killed) after ``timeout_s``."""
+        await self.start()
+        remote = self._remotes.get(fn)
+        if remote is None:
+            # SPREAD: verification fans out over every node's CPUs (NeMo Gym's advice for CPU-heavy tasks).
+            remote = self._remotes[fn] = self._ray.remote(_warm_call).options(
+                num_cpus=self.num_cpus, max_retries=0, scheduling_strategy="SPREAD"
+            )
+        ref = remote.remote(self._initializer, fn, *args)
+        future = asyncio.wrap_future(ref.future())
+        done, _ = await asyncio.wait({future}, timeout=timeout_s)
+        if not done:
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone: nothing left to stop
+                logger.debug("ray.cancel failed", exc_info=True)
+            raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; it was cancelled")
+        return future.result()
+
+    async def aclose(self) -> None:
+        """Forget the remote functions; the Ray connection stays (other code in the process may use it)."""
+        self._remotes.clear()
+
+
+_warmed = False
+
+
+def _warm_call(initializer: Callable[[], Any] | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """A Ray task: ``initializer()`` once per worker process, then ``fn(*args)``."""
+    global _warmed
+    if initializer is not None and not _warmed:
+        initializer()
+        _warmed = True
+    return fn(*args)
