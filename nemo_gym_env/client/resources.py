@@ -63,6 +63,15 @@ class ResourcesClient:
         self.timeout_s = timeout_s
         self.verify_timeout_s = verify_timeout_s
 
+    @property
+    def connect_retries(self) -> int:
+        """Retries of a connection that could not be opened (nothing was sent)."""
+        return self.http.connect_retries
+
+    @connect_retries.setter
+    def connect_retries(self, value: int) -> None:
+        self.http.connect_retries = value
+
     async def post_raw(self, route: str, body: Any, jar: CookieJar, *, task_index: int | None = None,
                        timeout_s: float | None = None) -> Reply:
         """POST ``body`` as JSON to ``route`` with the jar's cookies; the jar takes the reply's cookies.

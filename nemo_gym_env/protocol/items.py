@@ -21,9 +21,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.protocol.types import (
+    FunctionCall,
+    FunctionCallForTraining,
+    OutputMessage,
+    OutputMessageForTraining,
+    ReasoningItem,
+    ReasoningItemForTraining,
+    make_response,
+)
 
 __all__ = [
     "ACTION_ITEM_TYPES",
@@ -108,18 +116,41 @@ def reasoning_text(item: dict[str, Any]) -> str:
     return "\n\n".join(text for text in texts if text)
 
 
+_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+_MODELS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
+    "message": (OutputMessage, OutputMessageForTraining),
+    "function_call": (FunctionCall, FunctionCallForTraining),
+    "reasoning": (ReasoningItem, ReasoningItemForTraining),
+}
+
+
 def check_turn(items: list[dict[str, Any]]) -> str | None:
     """Why ``items`` are not a valid model turn (``"<position>.<field>: <reason>"``), or None.
 
     The items are validated against the wire types (:mod:`nemo_gym_env.protocol.types`), as the
-    env's ``step`` and the action space's ``contains`` both require.
+    env's ``step`` and the action space's ``contains`` both require. A turn the ``Response``
+    model accepts is valid; when it does not, the reason given is the one of the item's own
+    model (a ``function_call`` without ``name`` is said to lack ``name``, not a token field of
+    the training variant that the union tried first).
     """
     try:
         make_response(items)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"][1:])
-        return f"{where}: {first['msg']}"
+        return None
+    except ValidationError:
+        pass
     except RecursionError:
         return "nested too deeply"
-    return None
+    for position, item in enumerate(items):
+        models = _MODELS.get(str(item_kind(item)))
+        if models is None:
+            continue
+        model = models[1] if any(name in item for name in _TOKEN_FIELDS) else models[0]
+        try:
+            model.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in (position, *first["loc"]))
+            return f"{where}: {first['msg']}"
+        except RecursionError:
+            return f"{position}: nested too deeply"
+    return "the items do not form a valid Responses output"

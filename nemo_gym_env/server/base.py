@@ -55,6 +55,7 @@ from nemo_gym_env.protocol.types import (
 from nemo_gym_env.server.middleware import (
     SESSION_ID_KEY,
     BodyLimitMiddleware,
+    CatchAllMiddleware,
     SessionIdMiddleware,
     guard_verify,
     install_error_handlers,
@@ -207,7 +208,9 @@ class SimpleResourcesServer(BaseModel):
         """The complete app: ``setup_webserver`` plus liveness, error handling and body limits."""
         app = self.setup_webserver()
         self.setup_liveness(app)
-        install_error_handlers(app, f"{type(self).__name__} ({self.config.name})")
+        server_name = f"{type(self).__name__} ({self.config.name})"
+        install_error_handlers(app, server_name)
+        app.add_middleware(CatchAllMiddleware, server_name=server_name)
         app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes)
         return app
 

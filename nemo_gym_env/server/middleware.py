@@ -7,7 +7,8 @@ author never touches them. What they do, and why:
   with ``failure_kind``/``failure_reason`` instead of a 500 that would fail a training batch;
 - :func:`install_error_handlers`: a bad body gets a 422 whose ``error`` names the server, the
   route and the field; a lost session 410; a body nested too deeply or holding what JSON cannot
-  encode 400; anything else 500 with the exception's type, logged with its traceback;
+  encode 400; :class:`CatchAllMiddleware`: anything else 500 with the exception's type, logged
+  with its traceback, and the connection kept open;
 - :class:`SessionIdMiddleware`: every request's signed session holds an id, a cookie this launch
   did not sign meets :class:`LostSession` (410 on any read of the id), and ``/verify`` frees the
   session's state;
@@ -37,6 +38,7 @@ from nemo_gym_env.protocol.types import BaseVerifyRequest
 __all__ = [
     "SESSION_ID_KEY",
     "BodyLimitMiddleware",
+    "CatchAllMiddleware",
     "LostSession",
     "SessionIdMiddleware",
     "guard_verify",
@@ -104,12 +106,8 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
             {"error": f"{server_name}: body of POST {request.url.path} is nested too deeply"}, status_code=400
         )
 
-    @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("%s: POST %s raised: %s", server_name, request.url.path, traceback.format_exc())
-        return JSONResponse(
-            {"error": f"{server_name}: {request.url.path} failed: {type(exc).__name__}: {exc}"}, status_code=500
-        )
+        return _failed_reply(server_name, request.url.path, exc)
 
     # A reply that echoes the body (``/verify`` does) cannot be encoded when the body held a lone
     # UTF-16 surrogate escape ("\ud800") or was nested past the serializer's depth limit: the
@@ -125,6 +123,44 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
         else:
             return await _unhandled(request, exc)
         return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
+
+
+def _failed_reply(server_name: str, path: str, exc: BaseException) -> JSONResponse:
+    logger.error("%s: POST %s raised: %s", server_name, path, "".join(traceback.format_exception(exc)))
+    return JSONResponse({"error": f"{server_name}: {path} failed: {type(exc).__name__}: {exc}"}, status_code=500)
+
+
+class CatchAllMiddleware:
+    """Pure ASGI: a route that raises gets a 500 naming the error, and its connection lives on.
+
+    Starlette's catch-all handler answers 500 but then raises the error again to the server,
+    which closes the connection; a client that had already taken that keep-alive connection for
+    its next request then meets a reset, for a request that never reached a route. Caught here,
+    inside that handler, the error never gets that far. (A route that fails after its reply has
+    started cannot be answered again: that error goes on as before.)
+    """
+
+    def __init__(self, app: Any, server_name: str):
+        self.app = app
+        self.server_name = server_name
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - every route error becomes a reply, not a dropped connection
+            if started:
+                raise
+            await _failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
 
 
 class LostSession(dict):
