@@ -45,13 +45,19 @@ def test_training_token_fields_select_the_training_variant():
     assert isinstance(parsed, FunctionCallForTraining) and parsed.generation_token_ids == [3]
 
 
-def test_run_request_keeps_ground_truth_and_rejects_unknown_create_params():
+def test_run_request_keeps_ground_truth_and_unknown_create_params_and_checks_known_ones():
     row = {"responses_create_params": {"input": [{"role": "user", "content": "q"}]}, "expected_answer": "4"}
     request = BaseRunRequest.model_validate(row)
     assert isinstance(request.responses_create_params.input[0], InputMessage)
     assert request.model_dump()["expected_answer"] == "4"
-    with pytest.raises(ValidationError, match="temprature"):
-        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "temprature": 1}})
+    # NeMo Gym 0.7's agent adds keys 0.4's did not: they are kept and passed on, whatever they are.
+    newer = {"input": "q", "context_management": None, "prompt_cache_key": None, "stream_options": None,
+             "future_key": {"x": 1}}
+    dumped = BaseRunRequest.model_validate({"responses_create_params": newer}).model_dump()
+    assert dumped["responses_create_params"]["future_key"] == {"x": 1} and "stream_options" in dumped[
+        "responses_create_params"]
+    with pytest.raises(ValidationError, match="temperature"):  # a field we read is still checked
+        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "temperature": "warm"}})
 
 
 def test_verify_response_echoes_the_request():
@@ -91,15 +97,16 @@ def test_dataset_rows_checked_with_line_numbers(tmp_path):
         "{not json",
         json.dumps({"prompt": "no params"}),
         "",
-        json.dumps({"responses_create_params": {"input": "x", "bogus": 1}}),
+        json.dumps({"responses_create_params": {"input": "x", "temperature": "hot"}}),
         json.dumps([1, 2]),
+        json.dumps({"responses_create_params": {"input": "y", "bogus": 1}}),  # an unknown key is kept, not refused
     ]))
     problems = {n: p for n, _, p in iter_rows(path) if p}
     assert sorted(problems) == [2, 3, 5, 6]
-    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "bogus" in problems[5]
+    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "temperature" in problems[5]
     with pytest.raises(DatasetError, match="line 2"):
         load_rows(path)
-    assert len(load_rows(path, strict=False)) == 1
+    assert len(load_rows(path, strict=False)) == 2
     assert check_row({"responses_create_params": {"input": "hi"}}) is None
     assert input_items({"responses_create_params": {"input": "hi"}}) == [{"role": "user", "content": "hi", "type": "message"}]
 

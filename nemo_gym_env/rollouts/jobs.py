@@ -18,7 +18,7 @@ from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.episode import Episode
+from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.errors import ActionError, ServerError
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (
@@ -122,8 +122,9 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
     Never raises for a failing policy or server: returns a failure row instead (see
     :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
     """
-    episode = Episode(job.client, job.row, job.task_index, max_steps)
     try:
+        traits = await server_traits(job.client)
+        episode = open_episode(traits, job.client, job.row, job.task_index, max_steps)
         observation, info = await episode.start()
     except ServerError as exc:
         return _failure(job, "server_error", str(exc))

@@ -41,6 +41,7 @@ __all__ = [
     "CatchAllMiddleware",
     "LostSession",
     "SessionIdMiddleware",
+    "TypedSeedMiddleware",
     "guard_verify",
     "install_error_handlers",
     "zero_reward_reply",
@@ -227,6 +228,109 @@ class SessionIdMiddleware:
                 self.release_session(session_id)
 
 
+class TypedSeedMiddleware:
+    """Pure ASGI: ``/seed_session`` also takes NeMo Gym 0.7's typed body, for every server.
+
+    ``{resources_session_id, episode_id: {rollout_id, attempt}, task_id: {taskset, task_id},
+    task_data}`` is checked (a 422 names the field; NeMo Gym silently treats a malformed typed
+    body as a row), then the server's own ``seed_session`` gets ``task_data`` as the row it
+    always gets, and a successful reply becomes ``{resources_session_id, resources_tools: null,
+    sandbox_access: null}``, its cookie kept. A row body passes untouched.
+    """
+
+    TYPED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/seed_session" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        typed = _typed_seed(body)
+        if typed is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        problem, session_id, row = typed
+        if problem is not None:
+            await _send_json(send, 422, {"error": f"POST /seed_session: invalid typed seed body: {problem}"})
+            return
+        row_bytes = json.dumps(row).encode()
+        scope = {**scope, "headers": [(k, str(len(row_bytes)).encode() if k == b"content-length" else v)
+                                      for k, v in scope.get("headers", ())]}
+        start: dict | None = None
+
+        async def rewrite(message: dict) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] == "http.response.body" and start is not None:
+                if message.get("more_body", False):
+                    return  # seed replies are small: the whole body is rebuilt below
+                status = start["status"]
+                reply = (json.dumps({"resources_session_id": session_id, "resources_tools": None,
+                                     "sandbox_access": None}).encode() if 200 <= status < 300
+                         else message.get("body", b""))
+                headers = [(k, str(len(reply)).encode() if k == b"content-length" else v)
+                           for k, v in start.get("headers", [])]
+                await send({**start, "headers": headers})
+                await send({"type": "http.response.body", "body": reply})
+                return
+            await send(message)
+
+        await self.app(scope, _replay(row_bytes, receive), rewrite)
+
+
+def _typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
+    """``(problem or None, resources_session_id, row)`` of a typed seed body; None for a row body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the route's own validation answers it
+    if not isinstance(data, dict) or "resources_session_id" not in data or "task_data" not in data:
+        return None
+    session_id = data.get("resources_session_id")
+    extra = sorted(set(data) - TypedSeedMiddleware.TYPED_KEYS)
+    episode, task = data.get("episode_id"), data.get("task_id")
+    if extra:
+        return f"unknown field(s) {extra}", "", {}
+    if not isinstance(session_id, str) or not session_id:
+        return "resources_session_id: a non-empty string is required", "", {}
+    if not isinstance(episode, dict) or not isinstance(episode.get("rollout_id"), str) or not isinstance(
+            episode.get("attempt", 0), int) or isinstance(episode.get("attempt", 0), bool):
+        return "episode_id: {rollout_id: str, attempt: int} is required", "", {}
+    if not isinstance(task, dict) or not all(isinstance(task.get(k), str) and task.get(k) for k in ("taskset",
+                                                                                                     "task_id")):
+        return "task_id: {taskset: str, task_id: str} is required", "", {}
+    if not isinstance(data["task_data"], dict):
+        return "task_data: a JSON object (the task's row) is required", "", {}
+    return None, session_id, data["task_data"]
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that hands the app ``body`` (already read), then the connection's own messages."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over the limit with 413, before reading them whole.
 
@@ -269,17 +373,7 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
 
 
 def _too_large(scope: dict, limit: int) -> dict[str, str]:
