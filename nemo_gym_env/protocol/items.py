@@ -65,6 +65,21 @@ def plain(value: Any) -> Any:
     return value
 
 
+def without_token_fields(item: Any) -> Any:
+    """``item`` as plain data without the training fields of :data:`~nemo_gym_env.protocol.keys.TOKEN_FIELDS`.
+
+    An item without them comes back as it is (after :func:`plain`), not copied.
+
+    Example:
+        >>> without_token_fields({"type": "message", "content": "a", "prompt_token_ids": [1]})
+        {'type': 'message', 'content': 'a'}
+    """
+    item = plain(item)
+    if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
+        return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
+    return item
+
+
 def item_kind(item: Any) -> str | None:
     """An item dict's ``type``; ``"message"`` for a ``role`` dict without one; None otherwise."""
     if not isinstance(item, dict):
@@ -126,18 +141,3 @@ def check_turn(items: list[dict[str, Any]]) -> str | None:
     except RecursionError:
         return "nested too deeply"
     return None
-
-
-def without_token_fields(item: Any) -> Any:
-    """``item`` as plain data without the training fields of :data:`~nemo_gym_env.protocol.keys.TOKEN_FIELDS`.
-
-    An item without them comes back as it is (after :func:`plain`), not copied.
-
-    Example:
-        >>> without_token_fields({"type": "message", "content": "a", "prompt_token_ids": [1]})
-        {'type': 'message', 'content': 'a'}
-    """
-    item = plain(item)
-    if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
-        return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
-    return item

@@ -3,7 +3,6 @@
 A rollout row is the ``/verify`` reply plus :data:`TASK_INDEX_KEY` and :data:`ROLLOUT_INDEX_KEY`;
 a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a failed rollout
 (written to the failures sidecar, never to the rollouts file) carries :data:`FAILURE_CLASS_KEY`.
-The last output item of each model call carries the training fields :data:`TOKEN_FIELDS`.
 """
 
 from __future__ import annotations
