@@ -164,6 +164,16 @@ class NemoGymEnv(gym.Env[list, Any]):
 
     # ---- internals -----------------------------------------------------------------------
 
+    def open_episode(self, row: dict[str, Any], task_index: int | None = None,
+                     max_steps: int | None = None) -> Episode:
+        """A new, unstarted episode of ``row`` on this env's server, speaking its protocol.
+
+        For code that drives episodes itself (the trainer adapters); ``await episode.start()``
+        on the background loop begins it.
+        """
+        traits = background_loop().run(server_traits(self.client, self.protocol))
+        return open_episode(traits, self.client, row, task_index, max_steps or self.max_steps)
+
     def _pick(self, seed: int | None, options: dict[str, Any] | None) -> tuple[int | None, dict[str, Any]]:
         super().reset(seed=seed)
         return pick_task(self.rows, self.np_random, options)

@@ -8,7 +8,8 @@ the trainer adapters) asks here, so the rules cannot drift apart:
   message, the Responses API's ``EasyInputMessage``);
 - :func:`is_model_item` says whether the model wrote it;
 - :func:`content_text` and :func:`reasoning_text` read the text out of content and summary parts;
-- :func:`check_turn` validates a model turn's items against the wire types.
+- :func:`check_turn` validates a model turn's items against the wire types;
+- :func:`without_token_fields` takes the training token fields off an item.
 
 Example:
     >>> item_kind({"role": "user", "content": "hi"}), is_model_item({"type": "function_call"})
@@ -23,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from nemo_gym_env.protocol.keys import TOKEN_FIELDS
 from nemo_gym_env.protocol.types import (
     FunctionCall,
     FunctionCallForTraining,
@@ -43,6 +45,7 @@ __all__ = [
     "item_kind",
     "plain",
     "reasoning_text",
+    "without_token_fields",
 ]
 
 ITEM_TYPES: tuple[str, ...] = ("message", "function_call", "function_call_output", "reasoning")
@@ -68,6 +71,21 @@ def plain(value: Any) -> Any:
     if not isinstance(value, (dict, list, str)) and hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_none=True, by_alias=True)
     return value
+
+
+def without_token_fields(item: Any) -> Any:
+    """``item`` as plain data without the training fields of :data:`~nemo_gym_env.protocol.keys.TOKEN_FIELDS`.
+
+    An item without them comes back as it is (after :func:`plain`), not copied.
+
+    Example:
+        >>> without_token_fields({"type": "message", "content": "a", "prompt_token_ids": [1]})
+        {'type': 'message', 'content': 'a'}
+    """
+    item = plain(item)
+    if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
+        return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
+    return item
 
 
 def item_kind(item: Any) -> str | None:
@@ -116,7 +134,6 @@ def reasoning_text(item: dict[str, Any]) -> str:
     return "\n\n".join(text for text in texts if text)
 
 
-_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _MODELS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
     "message": (OutputMessage, OutputMessageForTraining),
     "function_call": (FunctionCall, FunctionCallForTraining),
@@ -144,7 +161,7 @@ def check_turn(items: list[dict[str, Any]]) -> str | None:
         models = _MODELS.get(str(item_kind(item)))
         if models is None:
             continue
-        model = models[1] if any(name in item for name in _TOKEN_FIELDS) else models[0]
+        model = models[1] if any(name in item for name in TOKEN_FIELDS) else models[0]
         try:
             model.model_validate(item)
         except ValidationError as exc:

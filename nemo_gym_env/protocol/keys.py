@@ -8,7 +8,7 @@ a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a fail
 
 from __future__ import annotations
 
-__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY"]
+__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS"]
 
 TASK_INDEX_KEY = "_ng_task_index"
 """The task's index in its dataset."""
@@ -26,3 +26,7 @@ AGENT_REF_KEY = "agent_ref"
 FAILURE_CLASS_KEY = "_ng_failure_class"
 """Marks a failed rollout (NeMo Gym's sidecar key); its value says whose fault:
 ``server_error``, ``policy_error`` or ``policy_timeout``."""
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+"""The per-call training fields on the last output item of each model call (docs/architecture.md,
+"The wire"): everything the model saw, what it generated, and each generated token's log-probability."""
