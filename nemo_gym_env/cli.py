@@ -8,6 +8,7 @@ NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with n
     nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
     nemo-gym-env rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai
     nemo-gym-env list | config NAME | validate tasks.jsonl | init my_env
+    nemo-gym-env view results/rollouts.jsonl | play example_multi_step   # local web pages
 
 Config arguments are NeMo Gym's Hydra overrides (``+config_paths=[a.yaml,b.yaml]``,
 ``+key=value``) merged with NeMo Gym's precedence (config files < env.yaml < command line).
@@ -670,6 +671,63 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     return _report(output)
 
 
+# ---- view / play (nemo_gym_env.viewer) ---------------------------------------------------------
+
+
+def _viewer_secrets(args: argparse.Namespace) -> list[str]:
+    from .viewer.run import env_yaml_secrets
+
+    return env_yaml_secrets(_env_yaml(args), required=bool(getattr(args, "env_yaml", None)))
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the rollout viewer over rollout files until Ctrl-C."""
+    from .viewer import run_view
+
+    if args.max_row_mb <= 0:
+        raise CliError(f"--max-row-mb must be > 0, got {args.max_row_mb}")
+    return run_view(args.paths or [DEFAULT_OUTPUT], host=args.host, port=args.port, secrets=_viewer_secrets(args),
+                    max_row_bytes=int(args.max_row_mb * 2**20))
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    """Serve a page to play one environment by hand until Ctrl-C."""
+    from .config import parse_overrides
+    from .registration import GENERIC_ID, env_id
+    from .viewer import EnvSpec, run_play
+
+    names, overrides = _split_targets(args.targets)
+    config_paths, others = parse_overrides(overrides)
+    if others:
+        raise CliError(f"play takes a server name, \"+config_paths=[...]\" or --server-url, not {others[0]!r}")
+    if len(names) > 1 or (args.server_url and config_paths):
+        raise CliError("play one server: a bundled NAME, \"+config_paths=[...]\" (NAME picks an instance) or --server-url")
+    if args.max_steps < 1:
+        raise CliError(f"--max-steps must be >= 1, got {args.max_steps}")
+    kwargs: dict[str, Any] = {"max_steps": args.max_steps}
+    if args.input:
+        if not Path(args.input).is_file():
+            raise CliError(f"dataset {args.input!r} not found")
+        kwargs["dataset"] = args.input
+    if args.server_url or config_paths:
+        if not args.input:
+            raise CliError("--server-url and \"+config_paths=[...]\" need the tasks: --input tasks.jsonl")
+        if args.server_url:
+            kwargs["base_url"] = args.server_url
+        else:
+            kwargs["config_paths"] = config_paths
+        if names:
+            kwargs["server"] = names[0]
+        spec = EnvSpec(GENERIC_ID, kwargs)
+    elif names:
+        _bundled_yaml(names[0])  # an unknown name fails here, listing the bundled ones
+        spec = EnvSpec(env_id(names[0]), kwargs)
+    else:
+        raise CliError("name a server to play: a bundled NAME (see `nemo-gym-env list`), \"+config_paths=[...]\" "
+                       "or --server-url URL --input tasks.jsonl")
+    return run_play(spec, host=args.host, port=args.port, output=args.output, secrets=_viewer_secrets(args))
+
+
 # ---- the parser --------------------------------------------------------------------------------
 
 
@@ -752,6 +810,47 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")
     p.set_defaults(func=cmd_rollouts)
+
+    p = sub.add_parser(
+        "view",
+        parents=[common],
+        help="open rollout files in a local web page",
+        description=_wrap("Serve a local page over rollout JSONL files (and their _failures.jsonl sidecars): the "
+        "list (filter, sort), each rollout's conversation, tool calls and verify reply, a task's rollouts side by "
+        "side, and the summary that `rollouts` prints. Files still being written are followed. Binds 127.0.0.1."),
+        epilog=f"examples:\n  {PROG} view\n  {PROG} view results/rollouts.jsonl other/rollouts.jsonl --port 8080",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help=f"rollout files (default {DEFAULT_OUTPUT})")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
+    p.add_argument("--max-row-mb", type=float, default=16.0, metavar="MB",
+                   help="longest line read as a row (default 16); longer ones are listed as errors")
+    _add_env_yaml(p)
+    p.set_defaults(func=cmd_view)
+
+    p = sub.add_parser(
+        "play",
+        parents=[common],
+        help="play an environment by hand in a local web page",
+        description=_wrap("Serve a local page where a person plays one episode at a time through the same "
+        "NemoGymEnv a policy uses: the task's messages, a form per tool, each output, a final answer, then the "
+        "reward and the verify reply. A finished episode can be saved as a rollout row. Binds 127.0.0.1."),
+        epilog=f"examples:\n  {PROG} play example_multi_step\n"
+        f'  {PROG} play "+config_paths=[my_env/configs/my_env.yaml]" --input my_env/data/example.jsonl\n'
+        f"  {PROG} play --server-url http://127.0.0.1:8000 --input tasks.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("targets", nargs="*", metavar="NAME|+config_paths=[...]", help="a bundled server or a config")
+    p.add_argument("--server-url", metavar="URL", help="play a running resources server (with --input)")
+    p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: a bundled server's example data)")
+    p.add_argument("--output", "-o", metavar="PATH", default="results/played.jsonl",
+                   help="where saved episodes go (default results/played.jsonl)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
+    p.add_argument("--max-steps", type=int, default=64, metavar="N", help="turns before the episode is verified anyway (default 64)")
+    _add_env_yaml(p)
+    p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("list", parents=[common], help="the bundled servers, env ids and tools",
                        description="List the bundled servers: env ids, example tasks, tools.")

@@ -1,0 +1,328 @@
+"""The rollout files a viewer shows: their indexes, followed while they grow, and the queries on them.
+
+Each file named on the command line comes with its failures sidecar (``<stem>_failures.jsonl``,
+:func:`~nemo_gym_env.rollouts.failures_path`); both are indexed, and followed by a thread that
+reads what is appended. Queries (filter, sort, page) run on the indexes' columns; only a
+free-text search reads rows, one sequential pass over the file per new search, remembered
+until the file changes.
+
+Example:
+    >>> library = RolloutLibrary(["results/rollouts.jsonl"])          # doctest: +SKIP
+    >>> library.start()                                                # doctest: +SKIP
+    >>> page = library.query(Query(outcome="failed", sort="reward"), offset=0, limit=50)  # doctest: +SKIP
+    >>> library.close()                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..rollouts import failures_path
+from .index import DEFAULT_MAX_ROW_BYTES, INT_COLUMNS, JsonlIndex
+
+__all__ = ["COLUMNS", "OUTCOMES", "FileEntry", "Query", "RolloutLibrary", "RowRef"]
+
+COLUMNS = ("file", "line", "server", "task", "rollout", "reward", "turns", "tool_calls", "tokens", "failure")
+"""The list's columns, each one a sort key."""
+
+OUTCOMES = ("all", "passed", "failed")
+"""``passed``: a reward above 0. ``failed``: the rest (reward 0 or below, no reward, failed rollouts)."""
+
+_SEARCH_CACHE = 8  # remembered free-text searches
+_FOLLOW_SLICE = 4 * 1024 * 1024  # bytes indexed per lock hold: readers wait at most this long
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One indexed file.
+
+    Attributes:
+        id: Its number in URLs.
+        path: As given (or derived, for a sidecar).
+        kind: ``"rollouts"`` or ``"failures"`` (a sidecar).
+        partner: The id of its sidecar (for a rollouts file) or of its rollouts file (for a sidecar).
+    """
+
+    id: int
+    path: Path
+    kind: str
+    partner: int | None
+    index: JsonlIndex
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """Row ``number`` of file ``file``."""
+
+    file: int
+    number: int
+
+
+@dataclass(frozen=True)
+class Query:
+    """A filter and an order of the list.
+
+    Attributes:
+        server: Only rows of this ``agent_ref.name`` ("" for rows without one).
+        min_reward: Only rows with a reward at least this.
+        max_reward: Only rows with a reward at most this.
+        outcome: One of :data:`OUTCOMES`.
+        text: Only rows whose line contains this text (case-insensitive).
+        file: Only rows of this file id.
+        sort: One of :data:`COLUMNS`.
+        descending: Reverse the order (blanks stay last).
+    """
+
+    server: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    outcome: str = "all"
+    text: str = ""
+    file: int | None = None
+    sort: str = "line"
+    descending: bool = False
+
+
+class RolloutLibrary:
+    """Indexes of the given rollout files and their sidecars; see the module docstring.
+
+    Args:
+        paths: Rollout JSONL files (missing ones are indexed once they appear). A path that is
+            itself a sidecar is shown as one.
+        max_row_bytes: Longest line parsed.
+        follow_interval_s: How often the follower thread looks for appended rows.
+    """
+
+    def __init__(self, paths: Sequence[str | Path], *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+                 follow_interval_s: float = 0.5):
+        self.lock = threading.RLock()
+        self.files: list[FileEntry] = []
+        seen: set[Path] = set()
+        for path in paths:
+            path = Path(path)
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            if path.name.endswith("_failures.jsonl"):
+                self._add(path, "failures", None, max_row_bytes)
+                continue
+            sidecar = failures_path(path)
+            main_id = len(self.files)
+            self._add(path, "rollouts", main_id + 1 if sidecar.resolve() not in seen else None, max_row_bytes)
+            if sidecar.resolve() not in seen:
+                seen.add(sidecar.resolve())
+                self._add(sidecar, "failures", main_id, max_row_bytes)
+        self.follow_interval_s = follow_interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._searches: OrderedDict[tuple, frozenset[RowRef]] = OrderedDict()
+        self._orders: OrderedDict[tuple, list[RowRef]] = OrderedDict()
+
+    def _add(self, path: Path, kind: str, partner: int | None, max_row_bytes: int) -> None:
+        self.files.append(FileEntry(len(self.files), path, kind, partner, JsonlIndex(path, max_row_bytes=max_row_bytes)))
+
+    # ---- following ----------------------------------------------------------------------------
+
+    def refresh(self, max_bytes: int | None = None) -> bool:
+        """Index what was appended to every file (at most ``max_bytes`` of each); whether anything changed."""
+        changed = False
+        for entry in self.files:
+            with self.lock:
+                changed |= entry.index.refresh(max_bytes)
+        return changed
+
+    @property
+    def complete(self) -> bool:
+        """Whether every file is indexed to its end (as of the last refresh)."""
+        return all(entry.index.complete for entry in self.files)
+
+    def start(self) -> None:
+        """Start the follower thread (it indexes the files in slices, then polls for growth)."""
+        self._thread = threading.Thread(target=self._follow, name="nemo-gym-env-view-follow", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            self.refresh(_FOLLOW_SLICE)
+            if self.complete:
+                self._stop.wait(self.follow_interval_s)
+
+    def close(self) -> None:
+        """Stop following."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def generation(self) -> tuple[int, ...]:
+        """Changes whenever any file's rows change."""
+        return tuple(entry.index.generation for entry in self.files)
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def entry(self, file: int) -> FileEntry:
+        """The file with this id; :class:`IndexError` if none."""
+        if not 0 <= file < len(self.files):
+            raise IndexError(f"no file {file}")
+        return self.files[file]
+
+    def servers(self) -> list[str]:
+        """Every ``agent_ref.name`` seen ("" for rows without one), sorted."""
+        with self.lock:
+            return sorted({name or "" for entry in self.files for name in entry.index.servers})
+
+    def query(self, query: Query) -> list[RowRef]:
+        """The rows matching ``query``, in its order (remembered until a file changes)."""
+        if query.sort not in COLUMNS:
+            raise ValueError(f"sort must be one of {', '.join(COLUMNS)}, got {query.sort!r}")
+        if query.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {query.outcome!r}")
+        with self.lock:
+            key = (self.generation(), query)
+            found = self._orders.get(key)
+            if found is None:
+                found = self._run(query)
+                self._orders[key] = found
+                while len(self._orders) > _SEARCH_CACHE:
+                    self._orders.popitem(last=False)
+            else:
+                self._orders.move_to_end(key)
+            return found
+
+    def _run(self, query: Query) -> list[RowRef]:
+        matched = self._search(query.text) if query.text else None
+        rows: list[RowRef] = []
+        for entry in self.files:
+            if query.file is not None and entry.id != query.file:
+                continue
+            index = entry.index
+            keep_server = None
+            if query.server is not None:
+                keep_server = {i for i, name in enumerate(index.servers) if (name or "") == query.server}
+            failures = entry.kind == "failures"
+            for number in range(len(index)):
+                if keep_server is not None and index.server_ids[number] not in keep_server:
+                    continue
+                reward = index.rewards[number]
+                has_reward = not failures and not math.isnan(reward)
+                if query.min_reward is not None and not (has_reward and reward >= query.min_reward):
+                    continue
+                if query.max_reward is not None and not (has_reward and reward <= query.max_reward):
+                    continue
+                passed = has_reward and reward > 0
+                if (query.outcome == "passed" and not passed) or (query.outcome == "failed" and passed):
+                    continue
+                ref = RowRef(entry.id, number)
+                if matched is not None and ref not in matched:
+                    continue
+                rows.append(ref)
+        if query.sort != "line" or query.descending:
+            rows = self._sorted(rows, query.sort, query.descending)
+        return rows
+
+    def _sorted(self, rows: list[RowRef], column: str, descending: bool) -> list[RowRef]:
+        value = self._column(column)
+        present = [(value(ref), ref.file, ref.number, ref) for ref in rows]
+        blanks = [item for item in present if item[0] is None]
+        present = [item for item in present if item[0] is not None]
+        present.sort(key=lambda item: item[:3], reverse=descending)
+        return [item[3] for item in present] + [item[3] for item in blanks]
+
+    def _column(self, column: str) -> Callable[[RowRef], Any]:
+        files = self.files
+        if column in ("file", "line"):
+            return lambda ref: (ref.file, files[ref.file].index.lines[ref.number])
+        if column == "server":
+            return lambda ref: files[ref.file].index.servers[files[ref.file].index.server_ids[ref.number]]
+        if column == "failure":
+            return lambda ref: files[ref.file].index.failures.get(ref.number)
+        if column == "reward":
+            return lambda ref: (None if math.isnan(r := files[ref.file].index.rewards[ref.number]) else r)
+        return lambda ref: files[ref.file].index.int_value(column, ref.number)
+
+    def _search(self, text: str) -> frozenset[RowRef]:
+        """Rows whose line holds ``text``, case-insensitively (as written, or as JSON escapes it)."""
+        key = (self.generation(), text.casefold())
+        found = self._searches.get(key)
+        if found is not None:
+            self._searches.move_to_end(key)
+            return found
+        needles = _needles(text)
+        hits = set()
+        for entry in self.files:
+            for number, raw in entry.index.iter_raw():
+                line = raw.decode("utf-8", "replace").casefold()
+                if any(needle in line for needle in needles):
+                    hits.add(RowRef(entry.id, number))
+        found = frozenset(hits)
+        self._searches[key] = found
+        while len(self._searches) > _SEARCH_CACHE:
+            self._searches.popitem(last=False)
+        return found
+
+    # ---- what the page lists ----------------------------------------------------------------
+
+    def list_row(self, ref: RowRef) -> dict[str, Any]:
+        """The list columns of one row, as the API sends them."""
+        entry = self.files[ref.file]
+        stats = entry.index.stats(ref.number)
+        return {"file": ref.file, "number": ref.number, "kind": entry.kind, "line": entry.index.lines[ref.number],
+                **asdict(stats)}
+
+    def group(self, file: int, server: str | None, task: int) -> list[RowRef]:
+        """The rows of one task of one server: the file's and its partner's, by rollout index."""
+        entry = self.entry(file)
+        ids = [entry.id] + ([entry.partner] if entry.partner is not None else [])
+        refs = []
+        with self.lock:
+            for file_id in ids:
+                index = self.files[file_id].index
+                for number in range(len(index)):
+                    if index.tasks[number] == task and (index.servers[index.server_ids[number]] or "") == (server or ""):
+                        refs.append(RowRef(file_id, number))
+            refs.sort(key=lambda ref: (self.files[ref.file].kind != "rollouts",
+                                       self.files[ref.file].index.int_value("rollout", ref.number) or 0, ref.number))
+        return refs
+
+    def errors(self) -> list[dict[str, Any]]:
+        """Every recorded line error, file by file."""
+        with self.lock:
+            return [{"file": entry.id, "path": str(entry.path), **asdict(error)}
+                    for entry in self.files for error in entry.index.errors]
+
+    def status(self) -> dict[str, Any]:
+        """Per file: its size, rows, errors and how far it is indexed."""
+        with self.lock:
+            return {
+                "generation": list(self.generation()),
+                "complete": self.complete,
+                "files": [
+                    {
+                        "id": entry.id,
+                        "path": str(entry.path),
+                        "kind": entry.kind,
+                        "partner": entry.partner,
+                        "exists": entry.path.exists(),
+                        "size": entry.index.size,
+                        "indexed_bytes": entry.index.indexed_bytes,
+                        "rows": len(entry.index),
+                        "errors": entry.index.error_count,
+                        "pending_bytes": entry.index.pending_bytes,
+                        "complete": entry.index.complete,
+                    }
+                    for entry in self.files
+                ],
+            }
+
+
+def _needles(text: str) -> set[str]:
+    """``text`` as a person typed it and as JSON writes it inside a string (quotes, newlines, non-ASCII)."""
+    folded = text.casefold()
+    return {folded, json.dumps(text, ensure_ascii=True)[1:-1].casefold(), json.dumps(text, ensure_ascii=False)[1:-1].casefold()}
+
