@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,8 @@ class JsonlIndex:
         errors: The first :data:`MAX_ERRORS_KEPT` lines that are not rows (or rows with a caveat).
         error_count: Every such line, kept or not.
         generation: Grows whenever the rows change; a reader caching results compares it.
+        epoch: Grows when the file is indexed anew (rewritten, replaced, removed): rows before
+            the last one are unchanged while it stays the same.
         size: The file's size at the last refresh.
         pending_bytes: A last line without its newline that is not (yet) a row.
     """
@@ -128,6 +130,7 @@ class JsonlIndex:
         self.path = Path(path)
         self.max_row_bytes = max_row_bytes
         self.generation = 0
+        self.epoch = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -155,6 +158,7 @@ class JsonlIndex:
         self._fingerprint = b""
         self._provisional = False  # the last row is an unterminated last line, read again when the file grows
         self.generation += 1
+        self.epoch += 1
 
     # ---- reading the file --------------------------------------------------------------------
 
@@ -345,7 +349,7 @@ class JsonlIndex:
             raise RowGoneError(f"{self.path} changed under the index (row {number} is no longer a row)")
         return value
 
-    def iter_raw(self, numbers: list[int] | None = None) -> Iterator[tuple[int, bytes]]:
+    def iter_raw(self, numbers: Iterable[int] | None = None) -> Iterator[tuple[int, bytes]]:
         """``(number, bytes)`` of the given rows (all by default), in file order, read sequentially."""
         numbers = range(len(self.offsets)) if numbers is None else sorted(numbers)
         with open(self.path, "rb") as handle:

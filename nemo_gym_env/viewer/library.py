@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -35,8 +36,11 @@ COLUMNS = ("file", "line", "server", "task", "rollout", "reward", "turns", "tool
 OUTCOMES = ("all", "passed", "failed")
 """``passed``: a reward above 0. ``failed``: the rest (reward 0 or below, no reward, failed rollouts)."""
 
-_SEARCH_CACHE = 8  # remembered free-text searches
+_CACHED_ORDERS = 8  # remembered query results
+_CACHED_SEARCHES = 8  # remembered free-text searches, per file
 _FOLLOW_SLICE = 4 * 1024 * 1024  # bytes indexed per lock hold: readers wait at most this long
+_FILE_SHIFT = 40  # a row's key: file id above this bit, row number below
+_NUMBER_MASK = (1 << _FILE_SHIFT) - 1
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,8 @@ class RolloutLibrary:
         self.follow_interval_s = follow_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._searches: OrderedDict[tuple, frozenset[RowRef]] = OrderedDict()
-        self._orders: OrderedDict[tuple, list[RowRef]] = OrderedDict()
+        self._searches: OrderedDict[tuple, tuple[int, bytearray]] = OrderedDict()
+        self._orders: OrderedDict[tuple, array] = OrderedDict()
 
     def _add(self, path: Path, kind: str, partner: int | None, max_row_bytes: int) -> None:
         self.files.append(FileEntry(len(self.files), path, kind, partner, JsonlIndex(path, max_row_bytes=max_row_bytes)))
@@ -151,8 +155,9 @@ class RolloutLibrary:
     def _follow(self) -> None:
         while not self._stop.is_set():
             self.refresh(_FOLLOW_SLICE)
-            if self.complete:
-                self._stop.wait(self.follow_interval_s)
+            # Between slices, a pause long enough for a waiting request to take the lock (a released
+            # lock is not handed to a waiter: this thread would take it straight back).
+            self._stop.wait(self.follow_interval_s if self.complete else 0.005)
 
     def close(self) -> None:
         """Stop following."""
@@ -177,8 +182,11 @@ class RolloutLibrary:
         with self.lock:
             return sorted({name or "" for entry in self.files for name in entry.index.servers})
 
-    def query(self, query: Query) -> list[RowRef]:
-        """The rows matching ``query``, in its order (remembered until a file changes)."""
+    def query(self, query: Query) -> array:
+        """The rows matching ``query``, in its order, as :meth:`ref` keys (remembered until a file changes).
+
+        Keys are 8 bytes a row: a cached order of 100,000 rows costs 800 kB.
+        """
         if query.sort not in COLUMNS:
             raise ValueError(f"sort must be one of {', '.join(COLUMNS)}, got {query.sort!r}")
         if query.outcome not in OUTCOMES:
@@ -187,27 +195,40 @@ class RolloutLibrary:
             key = (self.generation(), query)
             found = self._orders.get(key)
             if found is None:
-                found = self._run(query)
-                self._orders[key] = found
-                while len(self._orders) > _SEARCH_CACHE:
+                found = self._orders[key] = self._run(query)
+                while len(self._orders) > _CACHED_ORDERS:
                     self._orders.popitem(last=False)
             else:
                 self._orders.move_to_end(key)
             return found
 
-    def _run(self, query: Query) -> list[RowRef]:
-        matched = self._search(query.text) if query.text else None
-        rows: list[RowRef] = []
+    def page(self, query: Query, offset: int, limit: int) -> tuple[int, list[RowRef]]:
+        """``(rows matching, the rows offset..offset+limit)`` of ``query``."""
+        with self.lock:
+            found = self.query(query)
+            return len(found), [self.ref(key) for key in found[offset:offset + limit]]
+
+    @staticmethod
+    def ref(key: int) -> RowRef:
+        """The row a key of :meth:`query` stands for."""
+        return RowRef(key >> _FILE_SHIFT, key & _NUMBER_MASK)
+
+    def _run(self, query: Query) -> array:
+        keys: list[int] = []
         for entry in self.files:
             if query.file is not None and entry.id != query.file:
                 continue
             index = entry.index
+            matched = self._search(entry, query.text) if query.text else None
             keep_server = None
             if query.server is not None:
                 keep_server = {i for i, name in enumerate(index.servers) if (name or "") == query.server}
             failures = entry.kind == "failures"
+            base = entry.id << _FILE_SHIFT
             for number in range(len(index)):
                 if keep_server is not None and index.server_ids[number] not in keep_server:
+                    continue
+                if matched is not None and not matched[number]:
                     continue
                 reward = index.rewards[number]
                 has_reward = not failures and not math.isnan(reward)
@@ -218,53 +239,53 @@ class RolloutLibrary:
                 passed = has_reward and reward > 0
                 if (query.outcome == "passed" and not passed) or (query.outcome == "failed" and passed):
                     continue
-                ref = RowRef(entry.id, number)
-                if matched is not None and ref not in matched:
-                    continue
-                rows.append(ref)
+                keys.append(base | number)
         if query.sort != "line" or query.descending:
-            rows = self._sorted(rows, query.sort, query.descending)
-        return rows
+            keys = self._sorted(keys, query.sort, query.descending)
+        return array("q", keys)
 
-    def _sorted(self, rows: list[RowRef], column: str, descending: bool) -> list[RowRef]:
+    def _sorted(self, keys: list[int], column: str, descending: bool) -> list[int]:
+        """Keys ordered by a column; rows without a value last, whichever the direction."""
         value = self._column(column)
-        present = [(value(ref), ref.file, ref.number, ref) for ref in rows]
-        blanks = [item for item in present if item[0] is None]
-        present = [item for item in present if item[0] is not None]
-        present.sort(key=lambda item: item[:3], reverse=descending)
-        return [item[3] for item in present] + [item[3] for item in blanks]
+        present, blanks = [], []
+        for key in keys:
+            got = value(key >> _FILE_SHIFT, key & _NUMBER_MASK)
+            (blanks if got is None else present).append((got, key))
+        present.sort(reverse=descending)
+        return [key for _, key in present] + [key for _, key in blanks]
 
-    def _column(self, column: str) -> Callable[[RowRef], Any]:
+    def _column(self, column: str) -> Callable[[int, int], Any]:
         files = self.files
         if column in ("file", "line"):
-            return lambda ref: (ref.file, files[ref.file].index.lines[ref.number])
+            return lambda file, number: (file, files[file].index.lines[number])
         if column == "server":
-            return lambda ref: files[ref.file].index.servers[files[ref.file].index.server_ids[ref.number]]
+            return lambda file, number: files[file].index.servers[files[file].index.server_ids[number]]
         if column == "failure":
-            return lambda ref: files[ref.file].index.failures.get(ref.number)
+            return lambda file, number: files[file].index.failures.get(number)
         if column == "reward":
-            return lambda ref: (None if math.isnan(r := files[ref.file].index.rewards[ref.number]) else r)
-        return lambda ref: files[ref.file].index.int_value(column, ref.number)
+            return lambda file, number: (None if math.isnan(r := files[file].index.rewards[number]) else r)
+        return lambda file, number: files[file].index.int_value(column, number)
 
-    def _search(self, text: str) -> frozenset[RowRef]:
-        """Rows whose line holds ``text``, case-insensitively (as written, or as JSON escapes it)."""
-        key = (self.generation(), text.casefold())
-        found = self._searches.get(key)
-        if found is not None:
-            self._searches.move_to_end(key)
-            return found
+    def _search(self, entry: FileEntry, text: str) -> bytearray:
+        """A byte per row of the file: 1 where the line holds ``text``, case-insensitively (as typed, or as
+        JSON escapes it). Rows appended since the last search of the same text are the only ones read."""
+        key = (entry.id, text.casefold())
+        index = entry.index
+        epoch, hits = self._searches.get(key, (None, bytearray()))
+        if epoch != index.epoch:
+            hits = bytearray()
+        # The last row seen may have been an unfinished last line that has changed since: read it again.
+        start = max(0, min(len(hits), len(index)) - 1)
+        del hits[start:]
         needles = _needles(text)
-        hits = set()
-        for entry in self.files:
-            for number, raw in entry.index.iter_raw():
-                line = raw.decode("utf-8", "replace").casefold()
-                if any(needle in line for needle in needles):
-                    hits.add(RowRef(entry.id, number))
-        found = frozenset(hits)
-        self._searches[key] = found
-        while len(self._searches) > _SEARCH_CACHE:
+        for number, raw in index.iter_raw(range(start, len(index))):
+            line = raw.decode("utf-8", "replace").casefold()
+            hits.append(any(needle in line for needle in needles))
+        self._searches[key] = (index.epoch, hits)
+        self._searches.move_to_end(key)
+        while len(self._searches) > _CACHED_SEARCHES:
             self._searches.popitem(last=False)
-        return found
+        return hits
 
     # ---- what the page lists ----------------------------------------------------------------
 

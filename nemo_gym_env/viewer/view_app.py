@@ -92,11 +92,11 @@ def create_view_app(library: RolloutLibrary, scrubber: Scrubber, *, bind_host: s
             raise ApiError(422, f"outcome: one of {', '.join(OUTCOMES)}, not {outcome[:20]!r}")
         query = Query(server=server, min_reward=min_reward, max_reward=max_reward, outcome=outcome, text=q.strip(),
                       file=None if file is None else file_id(file), sort=sort, descending=order == "desc")
-        refs = library.query(query)
         with library.lock:
-            rows = [library.list_row(ref) for ref in refs[offset:offset + limit]]
+            matched, refs = library.page(query, offset, limit)
+            rows = [library.list_row(ref) for ref in refs]
             total = sum(len(entry.index) for entry in library.files)
-        return safe({"rows": rows, "matched": len(refs), "total": total, "offset": offset, "limit": limit,
+        return safe({"rows": rows, "matched": matched, "total": total, "offset": offset, "limit": limit,
                      "servers": library.servers(), "complete": library.complete,
                      "generation": list(library.generation())})
 

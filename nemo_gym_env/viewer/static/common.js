@@ -210,8 +210,8 @@ const KNOWN_KEYS = {
 };
 
 // Fields of an item this page does not lay out: shown as a table rather than hidden.
-function extraFields(item) {
-  const known = KNOWN_KEYS[item.type] || [];
+function extraFields(item, kind) {
+  const known = KNOWN_KEYS[kind || item.type] || [];
   const extra = {};
   // null fields carry nothing (SDK models dump every optional field as null)
   for (const [key, value] of Object.entries(item)) if (!known.includes(key) && value !== null) extra[key] = value;
@@ -223,7 +223,7 @@ function messageBlock(item) {
   return el("div", { class: `item message role-${["system", "developer", "user", "assistant"].includes(role) ? role : "other"}` },
     el("div", { class: "label" }, role),
     contentText(item.content).map((text) => folded(text)),
-    tokenNote(item), extraFields(item));
+    tokenNote(item), extraFields(item, "message"));
 }
 
 function reasoningBlock(item) {

@@ -176,7 +176,7 @@ function renderEpisode(episode) {
   };
 
   const finish = (reply) => {
-    clear(actions);
+    actions.classList.add("hidden");
     const saveButton = el("button", { type: "button", id: "save" }, "Save as rollout row");
     const saved = el("div", { id: "saved", class: "muted" });
     saveButton.addEventListener("click", async () => {
@@ -191,8 +191,7 @@ function renderEpisode(episode) {
     });
     fill(result, 
       el("h2", {}, reply.truncated ? "Episode over (step limit or server error: truncated)" : "Episode over"),
-      el("div", { class: "final-reward" }, "reward ", rewardBadge(reply.reward, "big")),
-      reply.verify ? verifyBlock(reply.verify) : el("div", { class: "muted" }, "no verify reply"),
+      reply.verify ? verifyBlock(reply.verify) : el("div", { class: "final-reward" }, "reward ", rewardBadge(reply.reward, "big")),
       reply.verify ? el("div", { class: "save" }, saveButton, saved) : null,
       el("button", { type: "button", id: "new-episode", onclick: renderStart }, "New episode"));
   };
