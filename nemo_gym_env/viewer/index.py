@@ -350,9 +350,19 @@ class JsonlIndex:
         return value
 
     def iter_raw(self, numbers: Iterable[int] | None = None) -> Iterator[tuple[int, bytes]]:
-        """``(number, bytes)`` of the given rows (all by default), in file order, read sequentially."""
+        """``(number, bytes)`` of the given rows (all by default), in file order, read sequentially.
+
+        Raises:
+            RowGoneError: The file is gone.
+        """
         numbers = range(len(self.offsets)) if numbers is None else sorted(numbers)
-        with open(self.path, "rb") as handle:
+        if not numbers:
+            return
+        try:
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the generator's last row
+        except OSError as exc:
+            raise RowGoneError(f"{self.path}: {exc.strerror or exc}") from None
+        with handle:
             for number in numbers:
                 handle.seek(self.offsets[number])
                 yield number, handle.read(self.lengths[number])

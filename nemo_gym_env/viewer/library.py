@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rollouts import failures_path
-from .index import DEFAULT_MAX_ROW_BYTES, INT_COLUMNS, JsonlIndex
+from .index import DEFAULT_MAX_ROW_BYTES, JsonlIndex, RowGoneError
 
 __all__ = ["COLUMNS", "OUTCOMES", "FileEntry", "Query", "RolloutLibrary", "RowRef"]
 
@@ -278,9 +278,13 @@ class RolloutLibrary:
         start = max(0, min(len(hits), len(index)) - 1)
         del hits[start:]
         needles = _needles(text)
-        for number, raw in index.iter_raw(range(start, len(index))):
-            line = raw.decode("utf-8", "replace").casefold()
-            hits.append(any(needle in line for needle in needles))
+        try:
+            for _, raw in index.iter_raw(range(start, len(index))):
+                line = _searchable(raw)
+                hits.append(any(needle in line for needle in needles))
+        except RowGoneError:  # removed since the last refresh: nothing matches until it is indexed again
+            hits.extend(bytes(len(index) - len(hits)))
+            return hits
         self._searches[key] = (index.epoch, hits)
         self._searches.move_to_end(key)
         while len(self._searches) > _CACHED_SEARCHES:
@@ -343,7 +347,18 @@ class RolloutLibrary:
 
 
 def _needles(text: str) -> set[str]:
-    """``text`` as a person typed it and as JSON writes it inside a string (quotes, newlines, non-ASCII)."""
-    folded = text.casefold()
-    return {folded, json.dumps(text, ensure_ascii=True)[1:-1].casefold(), json.dumps(text, ensure_ascii=False)[1:-1].casefold()}
+    """``text`` as a person typed it, and as JSON writes it inside a string (quotes, newlines escaped)."""
+    return {text.casefold(), json.dumps(text, ensure_ascii=False)[1:-1].casefold()}
+
+
+def _searchable(raw: bytes) -> str:
+    """A line as searched: casefolded, with ``\\uXXXX`` escapes written out (``É`` is ``\\u00c9`` in a
+    file written with ``ensure_ascii``, and casefolding the escape would not find ``é``)."""
+    text = raw.decode("utf-8", "replace")
+    if "\\u" in text:
+        try:
+            text = json.dumps(json.loads(text), ensure_ascii=False)
+        except (ValueError, RecursionError):
+            pass
+    return text.casefold()
 
