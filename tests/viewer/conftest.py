@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.cli.conftest import CLI, cli_env
+from tests.viewer.rollout_data import failure_row, played_rows, write_rows
 
 URL_LINE = re.compile(r"^nemo-gym-env (?:view|play): (http://\S+?)/?$")
 
@@ -47,13 +48,17 @@ class Running:
             return client.post(path, json={} if body is None else body, **kwargs)
 
     def raw(self, request: bytes) -> bytes:
-        """Send bytes as they are (no client normalises the path) and return the whole reply."""
+        """Send bytes as they are (no client normalises the path) and return the whole reply (what came
+        before the server closed, if it did so early)."""
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        chunks = []
         with socket.create_connection((host, int(port)), timeout=30) as conn:
-            conn.sendall(request)
-            chunks = []
-            while chunk := conn.recv(65536):
-                chunks.append(chunk)
+            try:
+                conn.sendall(request)
+                while chunk := conn.recv(65536):
+                    chunks.append(chunk)
+            except ConnectionResetError:  # a server refusing a request may close before reading all of it
+                pass
         return b"".join(chunks)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
@@ -75,7 +80,11 @@ def running_cli(*args: str, cwd: Path, timeout: float = 120.0) -> Iterator[Runni
                             text=True)
     lines: queue.Queue = queue.Queue()
     running = Running(proc, "")
-    threads = [threading.Thread(target=_pump, args=(proc.stdout, lines.put), daemon=True),
+    def keep(line: str) -> None:
+        running.stdout.append(line)
+        lines.put(line)
+
+    threads = [threading.Thread(target=_pump, args=(proc.stdout, keep), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, running.stderr.append), daemon=True)]
     for thread in threads:
         thread.start()
@@ -89,7 +98,6 @@ def running_cli(*args: str, cwd: Path, timeout: float = 120.0) -> Iterator[Runni
                     raise AssertionError(f"{args} did not print its URL (exit {proc.poll()}):\n"
                                          f"{''.join(running.stdout)}{''.join(running.stderr)}") from None
                 continue
-            running.stdout.append(line)
             match = URL_LINE.match(line.strip())
             if match:
                 running.url = match.group(1)
@@ -134,6 +142,16 @@ def proc_read_bytes(pid: int) -> int:
     raise KeyError("rchar")
 
 
-@pytest.fixture
-def fake_env_yaml_secret() -> str:
-    return "sk-viewertest-0123456789abcdefghij"
+@pytest.fixture(scope="session")
+def played_file(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """A rollouts file (and sidecar) of real episodes: two bundled servers, rewards 1 and 0 in turn,
+    two standing failures and one retried. Copy it before changing it."""
+    rows = played_rows("example_multi_step", tasks=2, repeats=4)
+    rows += [{**row, "_ng_task_index": row["_ng_task_index"] + 10}
+             for row in played_rows("example_single_tool_call", tasks=2, repeats=2)]
+    failures = [
+        failure_row(20, 0, "example_multi_step", "policy 'openai' (task 20, rollout 0, turn 1): no answer within 60 s"),
+        failure_row(21, 0, "example_multi_step", "policy 'openai' (task 21, rollout 0, turn 3): no answer within 60 s"),
+        failure_row(0, 0, "example_multi_step", "retried later: has an output row"),
+    ]
+    return write_rows(tmp_path_factory.mktemp("played") / "rollouts.jsonl", rows, failures), rows

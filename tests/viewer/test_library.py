@@ -11,18 +11,12 @@ from nemo_gym_env.rollouts import metrics_table, summarize
 from nemo_gym_env.viewer.index import JsonlIndex
 from nemo_gym_env.viewer.library import Query, RolloutLibrary
 from nemo_gym_env.viewer.summary import file_summary, histogram
-from tests.viewer.rollout_data import built_row, failure_row, jsonl, played_rows, write_rows
+from tests.viewer.rollout_data import built_row, jsonl
 
 
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-    """Real episodes of two bundled servers (rewards 1 and 0 in turn) and two failed rollouts."""
-    rows = played_rows("example_multi_step", tasks=2, repeats=4)
-    rows += [{**r, "_ng_task_index": r["_ng_task_index"] + 10} for r in played_rows("example_single_tool_call", tasks=2, repeats=2)]
-    failures = [failure_row(20, 0, "example_multi_step", "policy 'openai' (task 20, rollout 0, turn 1): no answer within 60 s"),
-                failure_row(21, 0, "example_multi_step", "policy 'openai' (task 21, rollout 0, turn 3): no answer within 60 s"),
-                failure_row(0, 0, "example_multi_step", "retried later: has an output row")]
-    return write_rows(tmp_path_factory.mktemp("played") / "rollouts.jsonl", rows, failures), rows
+@pytest.fixture
+def played(played_file):
+    return played_file
 
 
 def _library(*paths) -> RolloutLibrary:
