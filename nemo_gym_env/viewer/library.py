@@ -301,18 +301,28 @@ class RolloutLibrary:
                 **asdict(stats)}
 
     def group(self, file: int, server: str | None, task: int) -> list[RowRef]:
-        """The rows of one task of one server: the file's and its partner's, by rollout index."""
+        """The rollouts of one task of one server, by rollout index, then its failed rollouts.
+
+        A failed rollout that has an output row too (``--resume`` retried it) is left out, as
+        :func:`~nemo_gym_env.rollouts.summarize` leaves it out of the failures.
+        """
         entry = self.entry(file)
-        ids = [entry.id] + ([entry.partner] if entry.partner is not None else [])
-        refs = []
+        main = entry if entry.kind == "rollouts" or entry.partner is None else self.files[entry.partner]
+        sidecar = self.files[main.partner] if main.kind == "rollouts" and main.partner is not None else None
         with self.lock:
-            for file_id in ids:
-                index = self.files[file_id].index
-                for number in range(len(index)):
-                    if index.tasks[number] == task and (index.servers[index.server_ids[number]] or "") == (server or ""):
-                        refs.append(RowRef(file_id, number))
-            refs.sort(key=lambda ref: (self.files[ref.file].kind != "rollouts",
-                                       self.files[ref.file].index.int_value("rollout", ref.number) or 0, ref.number))
+            rows = self._task_rows(main, server, task)
+            done = {main.index.int_value("rollout", ref.number) for ref in rows}
+            failed = [] if sidecar is None else [
+                ref for ref in self._task_rows(sidecar, server, task)
+                if sidecar.index.int_value("rollout", ref.number) not in done]
+        return rows + failed
+
+    def _task_rows(self, entry: FileEntry, server: str | None, task: int) -> list[RowRef]:
+        index = entry.index
+        refs = [RowRef(entry.id, number) for number in range(len(index))
+                if index.tasks[number] == task and (index.servers[index.server_ids[number]] or "") == (server or "")]
+        refs.sort(key=lambda ref: (index.int_value("rollout", ref.number) is None,
+                                   index.int_value("rollout", ref.number) or 0, ref.number))
         return refs
 
     def errors(self) -> list[dict[str, Any]]:

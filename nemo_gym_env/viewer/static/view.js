@@ -104,7 +104,7 @@ async function renderList(params) {
   query.set("offset", String(page * PAGE_SIZE));
   query.set("limit", String(PAGE_SIZE));
 
-  const fill = async () => {
+  const load = async () => {
     const data = await api(`/api/rollouts?${query}`);
     if (serverSelect.options.length !== data.servers.length + 1) {
       clear(serverSelect).appendChild(el("option", { value: "" }, "all servers"));
@@ -129,7 +129,8 @@ async function renderList(params) {
       const hash = `#/rollout/${row.file}/${row.number}`;
       const outcomeClass = row.kind === "failures" ? "failed-rollout" : (typeof row.reward === "number" && row.reward > 0 ? "passed" : "failed");
       const cells = [
-        el("td", { class: "num" }, link(hash, String(row.line))),
+        el("td", { class: "num", title: `${filePath(row.file)}:${row.line}` },
+          link(hash, row.kind === "failures" ? `failures:${row.line}` : String(row.line))),
         el("td", {}, row.server || ""),
         el("td", { class: "num" }, row.task === null ? "" : String(row.task)),
         el("td", { class: "num" }, row.rollout === null ? "" : String(row.rollout)),
@@ -151,8 +152,8 @@ async function renderList(params) {
       el("span", {}, ` page ${page + 1} of ${pages} `),
       el("button", { type: "button", id: "next-page", disabled: page + 1 >= pages, onclick: () => go({ page: String(page + 1) }) }, "next →"));
   };
-  await fill();
-  refreshCurrent = fill;
+  await load();
+  refreshCurrent = load;
 }
 
 function filePath(id) {
@@ -280,7 +281,7 @@ async function renderSummary() {
   document.getElementById("nav-summary").classList.add("active");
   const box = el("div", {});
   fill(main, el("h1", {}, "Summary"), box);
-  const fill = async () => {
+  const load = async () => {
     const data = await api("/api/summary");
     clear(box);
     if (!data.files.length) box.appendChild(el("p", { class: "muted" }, "No rollout file."));
@@ -301,8 +302,8 @@ async function renderSummary() {
     }
     if (!data.complete) box.appendChild(el("p", { class: "muted" }, "still indexing: these numbers will grow"));
   };
-  await fill();
-  refreshCurrent = fill;
+  await load();
+  refreshCurrent = load;
 }
 
 // ---- errors -----------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ async function renderErrors() {
   document.getElementById("nav-errors").classList.add("active");
   const box = el("div", {});
   fill(main, el("h1", {}, "Lines that are not rollout rows"), box);
-  const fill = async () => {
+  const load = async () => {
     const data = await api("/api/errors");
     clear(box);
     if (!data.errors.length) {
@@ -324,8 +325,8 @@ async function renderErrors() {
       el("tbody", {}, data.errors.map((e) => el("tr", { class: e.level },
         el("td", {}, e.path), el("td", { class: "num" }, String(e.line)), el("td", {}, e.level), el("td", {}, e.message))))));
   };
-  await fill();
-  refreshCurrent = fill;
+  await load();
+  refreshCurrent = load;
 }
 
 // ---- following the files ------------------------------------------------------------------------
@@ -333,9 +334,9 @@ async function renderErrors() {
 async function poll() {
   try {
     const data = await api("/api/status");
-    const changed = !status || JSON.stringify(status.generation) !== JSON.stringify(data.generation);
     const rows = data.files.reduce((n, f) => n + f.rows, 0);
     const errors = data.files.reduce((n, f) => n + f.errors, 0);
+    const changed = !status || JSON.stringify(status.generation) !== JSON.stringify(data.generation) || status.errorCount !== errors;
     const failed = data.files.filter((f) => f.kind === "failures").reduce((n, f) => n + f.rows, 0);
     status = { ...data, errorCount: errors };
     live.textContent = `● live · ${fmtCount(rows - failed)} rollouts · ${fmtCount(failed)} failed · ${fmtCount(errors)} bad lines` + (data.complete ? "" : " · indexing");
