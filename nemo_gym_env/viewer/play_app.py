@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from ..actions import ActionError
+from ..dataset import input_items
 from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from ..rollouts import RolloutFileError, RolloutWriter
 from ..scripting import assistant_message, function_call
@@ -82,11 +83,9 @@ class _Session:
 
 
 def _preview(row: dict[str, Any]) -> str:
-    value = row["responses_create_params"]["input"]
-    if isinstance(value, str):
-        return value[:_PREVIEW_CHARS]
-    for item in reversed(value):
-        if isinstance(item, dict) and item.get("role") == "user":
+    """The task's last user message, shortened: what tells tasks apart in the picker."""
+    for item in reversed(input_items(row)):
+        if item.get("role") == "user":
             content = item.get("content")
             if isinstance(content, list):
                 content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))

@@ -18,7 +18,7 @@ from typing import IO, Any
 import yaml
 
 from ..config import SECRET_KEY_PATTERN, ConfigError
-from ..launch import DEFAULT_HOST, LaunchError, http_url, is_loopback, listen_socket
+from ..launch import LaunchError, http_url, is_loopback, listen_socket
 from .index import DEFAULT_MAX_ROW_BYTES
 from .library import RolloutLibrary
 from .play_app import EnvSpec, PlaySessions, create_play_app
@@ -28,6 +28,9 @@ from .view_app import create_view_app
 __all__ = ["env_yaml_secrets", "run_play", "run_view"]
 
 PROG = "nemo-gym-env"
+
+LOOPBACK = "127.0.0.1"
+"""Where the pages listen unless told otherwise: only this machine can open them."""
 
 
 def env_yaml_secrets(path: str | Path | None, *, required: bool = False) -> list[str]:
@@ -96,7 +99,7 @@ def _serve(app: Any, command: str, host: str, port: int, banner: Iterable[str], 
 def run_view(
     paths: Sequence[str | Path],
     *,
-    host: str = DEFAULT_HOST,
+    host: str = LOOPBACK,
     port: int = 0,
     secrets: Iterable[str] = (),
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
@@ -131,7 +134,7 @@ def run_view(
 def run_play(
     spec: EnvSpec,
     *,
-    host: str = DEFAULT_HOST,
+    host: str = LOOPBACK,
     port: int = 0,
     output: str | Path = "results/played.jsonl",
     secrets: Iterable[str] = (),
