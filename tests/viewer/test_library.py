@@ -13,9 +13,9 @@ from nemo_gym_env.viewer.library import Query, RolloutLibrary
 from nemo_gym_env.viewer.summary import file_summary, histogram
 from tests.viewer.rollout_data import built_row, jsonl
 
-
 @pytest.fixture
 def played(played_file):
+    """The session's played rollouts file: real server processes made it, so its tests are marked slow."""
     return played_file
 
 
@@ -29,6 +29,7 @@ def _rows(library, query):
     return [library.list_row(ref) for ref in library.page(query, 0, 10_000)[1]]
 
 
+@pytest.mark.slow
 def test_filters_by_server_reward_outcome_and_file(played):
     path, rows = played
     library = _library(path)
@@ -47,6 +48,7 @@ def test_filters_by_server_reward_outcome_and_file(played):
     assert len(_rows(library, Query(file=1))) == 3
 
 
+@pytest.mark.slow
 def test_orders_put_blanks_last_both_ways(played):
     library = _library(played[0])
     for descending in (False, True):
@@ -61,6 +63,7 @@ def test_orders_put_blanks_last_both_ways(played):
         library.query(Query(sort="nope"))
 
 
+@pytest.mark.slow
 def test_pages_cover_the_order_exactly_once(played):
     library = _library(played[0])
     query = Query(sort="reward", descending=True)
@@ -89,6 +92,7 @@ def test_text_search_matches_what_a_person_reads(tmp_path):
     assert hits("café") == [(0, 0), (1, 0), (2, 0)]
 
 
+@pytest.mark.slow
 def test_group_is_one_tasks_rollouts_of_one_server_failures_last(played):
     library = _library(played[0])
     refs = library.group(0, "example_multi_step", 1)
@@ -100,6 +104,7 @@ def test_group_is_one_tasks_rollouts_of_one_server_failures_last(played):
     assert library.group(0, "example_single_tool_call", 1) == []
 
 
+@pytest.mark.slow
 def test_summary_has_the_numbers_rollouts_prints(played):
     path, _ = played
     index, sidecar = JsonlIndex(path), JsonlIndex(path.with_name("rollouts_failures.jsonl"))

@@ -18,6 +18,8 @@ from tests.viewer.conftest import running_cli
 
 SECRET = "sk-playtest-0123456789abcdefghijk"
 
+pytestmark = pytest.mark.slow  # real processes on loopback
+
 
 @pytest.fixture(scope="module")
 def play(tmp_path_factory):

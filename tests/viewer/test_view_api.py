@@ -16,6 +16,8 @@ from tests.viewer.rollout_data import HOSTILE, built_row, jsonl
 
 SECRET = "sk-viewertest-0123456789abcdefghij"
 
+pytestmark = pytest.mark.slow  # real processes on loopback
+
 
 def messy_file(path):
     """Rows a person should see whatever they hold, between lines that are not rows."""

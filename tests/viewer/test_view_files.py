@@ -17,6 +17,8 @@ from tests.viewer.rollout_data import built_row, failure_row
 
 MB = 1024 * 1024
 
+pytestmark = pytest.mark.slow  # real processes on loopback
+
 
 def _matched(running, **params) -> int:
     return running.get("/api/rollouts", params=params).json()["matched"]
@@ -81,7 +83,6 @@ def _write_many(path, count: int) -> int:
     return path.stat().st_size
 
 
-@pytest.mark.slow
 def test_100000_rows_open_at_once_in_bounded_memory(tmp_path):
     rows = 100_000
     staged = tmp_path / "staged.jsonl"

@@ -3,6 +3,13 @@ import { api, clear, el, fill, folded, pretty, renderItems, rewardBadge, verifyB
 
 const main = document.getElementById("main");
 let info = null;
+let current = null; // the session of the episode on the page
+
+// An episode left for another is closed on the server now rather than when it is evicted.
+function leave() {
+  if (current) api(`/api/sessions/${encodeURIComponent(current)}`, { method: "DELETE" }).catch(() => {});
+  current = null;
+}
 
 function errorBox(id) {
   return el("div", { class: "error-box hidden", id });
@@ -16,6 +23,7 @@ function showError(box, error) {
 // ---- choosing a task ----------------------------------------------------------------------------
 
 function renderStart() {
+  leave();
   const select = el("select", { id: "task-select" },
     info.tasks.map((task) => el("option", { value: String(task.index) }, `${task.index}: ${task.preview}`)));
   const problem = errorBox("start-error");
@@ -156,6 +164,7 @@ function toolForm(tool, onCall) {
 // ---- the episode ------------------------------------------------------------------------------------
 
 function renderEpisode(episode) {
+  current = episode.session;
   const transcript = el("div", { id: "transcript", class: "transcript" });
   const result = el("div", { id: "result" });
   const turnNote = el("span", { class: "muted", id: "turn-note" }, `turn 1 of at most ${episode.max_steps}`);
