@@ -15,7 +15,7 @@ import pytest
 
 from nemo_gym_env.rollouts import RolloutWriter, failures_path, metrics_table, summarize
 from tests.conftest import example_rows
-from tests.viewer.conftest import running_cli
+from tests.viewer.conftest import running_cli, wait_until
 from tests.viewer.rollout_data import HOSTILE, built_row, failure_row, jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -227,9 +227,15 @@ def test_play_an_episode_to_reward_1_and_save_it(page, tmp_path, screenshot):
         expect(page.locator("#result")).to_contain_text("expected_synonym_values")
         page.click("#save")
         expect(page.locator("#saved")).to_have_text("saved to results/played.jsonl as task 0, rollout 0")
-        page.finish()
         saved = [json.loads(line) for line in (tmp_path / "results" / "played.jsonl").read_text().splitlines()]
         assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in saved] == [(0, 0, 1.0)]
+
+        session = next(url for url in page.requests if url.endswith("/save")).split("/")[-2]
+        page.click("#new-episode")  # the episode left behind is closed on the server
+        expect(page.locator("#task-select")).to_be_visible()
+        wait_until(lambda: play.post(f"/api/sessions/{session}/step", {"message": "again"}).status_code == 404,
+                   what="the left episode to be closed")
+        page.finish()
 
 
 def _assert_nothing_ran(page, dialogs):
