@@ -680,6 +680,11 @@ def _viewer_secrets(args: argparse.Namespace) -> list[str]:
     return env_yaml_secrets(_env_yaml(args), required=bool(getattr(args, "env_yaml", None)))
 
 
+def _add_listen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     """Serve the rollout viewer over rollout files until Ctrl-C."""
     from .viewer import run_view
@@ -822,8 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help=f"rollout files (default {DEFAULT_OUTPUT})")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
+    _add_listen(p)
     p.add_argument("--max-row-mb", type=float, default=16.0, metavar="MB",
                    help="longest line read as a row (default 16); longer ones are listed as errors")
     _add_env_yaml(p)
@@ -846,8 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: a bundled server's example data)")
     p.add_argument("--output", "-o", metavar="PATH", default="results/played.jsonl",
                    help="where saved episodes go (default results/played.jsonl)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
+    _add_listen(p)
     p.add_argument("--max-steps", type=int, default=64, metavar="N", help="turns before the episode is verified anyway (default 64)")
     _add_env_yaml(p)
     p.set_defaults(func=cmd_play)

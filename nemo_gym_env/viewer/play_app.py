@@ -43,7 +43,7 @@ from ..metrics import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from ..rollouts import RolloutFileError, RolloutWriter
 from ..scripting import assistant_message, function_call
 from .rows import Scrubber
-from .web import ApiError, json_reply, protect, serve_static
+from .web import ApiError, json_reply, page_app
 
 __all__ = ["EnvSpec", "PlaySessions", "create_play_app"]
 
@@ -222,12 +222,10 @@ class _Turn(BaseModel):
 
 def create_play_app(plays: PlaySessions, scrubber: Scrubber, *, bind_host: str = "127.0.0.1") -> FastAPI:
     """The play app over ``plays``; every string out through ``scrubber``."""
-    app = FastAPI(title="nemo-gym-env play", docs_url=None, redoc_url=None, openapi_url=None)
-    protect(app, bind_host=bind_host, scrub=scrubber.text)
-    serve_static(app, page="play.html")
+    app = page_app("nemo-gym-env play", page="play.html", scrubber=scrubber, bind_host=bind_host)
 
     def safe(content: Any) -> JSONResponse:
-        return json_reply(scrubber.value(content))
+        return json_reply(content, scrubber)
 
     @app.get("/api/info")
     def info() -> JSONResponse:
@@ -257,6 +255,6 @@ def create_play_app(plays: PlaySessions, scrubber: Scrubber, *, bind_host: str =
     def close(session_id: str) -> JSONResponse:
         plays.get(session_id)
         plays.close(session_id)
-        return json_reply({"closed": True})
+        return safe({"closed": True})
 
     return app

@@ -29,7 +29,7 @@ from .index import RowGoneError
 from .library import COLUMNS, OUTCOMES, Query, RolloutLibrary, RowRef
 from .rows import Scrubber
 from .summary import file_summary
-from .web import ApiError, json_reply, protect, serve_static
+from .web import ApiError, json_reply, page_app
 
 __all__ = ["MAX_GROUP_ROWS", "MAX_PAGE_ROWS", "create_view_app"]
 
@@ -44,12 +44,10 @@ _MAX_TEXT = 500  # longest query text or server name accepted
 
 def create_view_app(library: RolloutLibrary, scrubber: Scrubber, *, bind_host: str = "127.0.0.1") -> FastAPI:
     """The viewer app over ``library`` (started by the caller), every string out through ``scrubber``."""
-    app = FastAPI(title="nemo-gym-env view", docs_url=None, redoc_url=None, openapi_url=None)
-    protect(app, bind_host=bind_host, scrub=scrubber.text)
-    serve_static(app, page="index.html")
+    app = page_app("nemo-gym-env view", page="index.html", scrubber=scrubber, bind_host=bind_host)
 
     def safe(content: Any) -> JSONResponse:
-        return json_reply(scrubber.value(content))
+        return json_reply(content, scrubber)
 
     def whole_row(ref: RowRef) -> dict[str, Any]:
         entry = library.entry(ref.file)

@@ -9,9 +9,9 @@ rebinding), and a request that changes something must be JSON (a form on another
 send it without a CORS preflight, which is refused).
 
 Example:
-    >>> app = FastAPI()                                                 # doctest: +SKIP
-    >>> protect(app, bind_host="127.0.0.1", scrub=Scrubber().text)     # doctest: +SKIP
-    >>> serve_static(app, page="index.html")                           # doctest: +SKIP
+    >>> app = page_app("my page", page="index.html", scrubber=Scrubber(), bind_host="127.0.0.1")  # doctest: +SKIP
+    >>> @app.get("/api/thing")                                                                     # doctest: +SKIP
+    ... def thing(): return json_reply({"any": "parsed JSON"}, Scrubber())
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from ..launch import is_loopback
+from .rows import Scrubber
 
-__all__ = ["STATIC_FILES", "ApiError", "json_reply", "protect", "serve_static"]
+__all__ = ["STATIC_FILES", "ApiError", "json_reply", "page_app", "protect", "serve_static"]
 
 STATIC_FILES: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",
@@ -59,9 +60,17 @@ class ApiError(Exception):
         self.message = message
 
 
-def json_reply(content: Any, status: int = 200) -> JSONResponse:
-    """A JSON reply of already JSON-safe content (see :class:`~nemo_gym_env.viewer.rows.Scrubber`)."""
-    return JSONResponse(content, status_code=status)
+def json_reply(content: Any, scrubber: Scrubber) -> JSONResponse:
+    """A JSON reply of parsed JSON from a file or a server, made safe by ``scrubber`` on its way out."""
+    return JSONResponse(scrubber.value(content))
+
+
+def page_app(title: str, *, page: str, scrubber: Scrubber, bind_host: str) -> FastAPI:
+    """A FastAPI app serving ``page`` and its files, with every check of :func:`protect`."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    protect(app, bind_host=bind_host, scrub=scrubber.text)
+    serve_static(app, page=page)
+    return app
 
 
 @lru_cache(maxsize=None)
