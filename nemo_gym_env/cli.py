@@ -709,6 +709,8 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise CliError("play one server: a bundled NAME, \"+config_paths=[...]\" (NAME picks an instance) or --server-url")
     if args.max_steps < 1:
         raise CliError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.server_url and not args.server_url.startswith(("http://", "https://")):
+        raise CliError(f"--server-url must be an http:// or https:// URL, got {args.server_url!r}")
     kwargs: dict[str, Any] = {"max_steps": args.max_steps}
     if args.input:
         if not Path(args.input).is_file():

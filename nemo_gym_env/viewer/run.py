@@ -72,7 +72,9 @@ def _serve(app: Any, command: str, host: str, port: int, banner: Iterable[str], 
 
     sock = listen_socket(host, port)  # bound before the URL is printed: it answers as soon as it is read
     url = http_url(host, sock.getsockname()[1]) + "/"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    # A request still running at Ctrl-C (a play step waiting on a slow server) is given 5 s, not forever.
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"{PROG}-web", daemon=True)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

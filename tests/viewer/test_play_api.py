@@ -192,14 +192,18 @@ def test_plays_a_server_launched_from_its_config(tmp_path):
         assert running.post(f"/api/sessions/{session}/step", {"message": "Cold."}).json()["reward"] == 1.0
 
 
-@pytest.mark.parametrize("args", [
-    (),
-    ("no_such_server",),
-    ("example_multi_step", "example_single_tool_call"),
-    ("--server-url", "http://127.0.0.1:9"),
-    ("example_multi_step", "+head_server.port=0"),
-    ("example_multi_step", "--input", "missing.jsonl"),
-    ("example_multi_step", "--max-steps", "0"),
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "name a server to play"),
+    (("no_such_server",), "no bundled server named 'no_such_server'"),
+    (("example_multi_step", "example_single_tool_call"), "play one server"),
+    (("--server-url", "http://127.0.0.1:9"), "need the tasks: --input"),
+    (("--server-url", "127.0.0.1:9", "--input", "tasks.jsonl"), "--server-url must be an http://"),
+    (("example_multi_step", "+head_server.port=0"), "not '+head_server.port=0'"),
+    (("example_multi_step", "--input", "missing.jsonl"), "dataset 'missing.jsonl' not found"),
+    (("example_multi_step", "--max-steps", "0"), "--max-steps must be >= 1"),
 ])
-def test_bad_arguments_are_one_line_errors(tmp_path, args):
-    assert_one_line_error(run_cli("play", *args, cwd=tmp_path))
+def test_bad_arguments_are_one_line_errors(tmp_path, args, says):
+    (tmp_path / "tasks.jsonl").write_bytes(bundled_dataset("example_single_tool_call").read_bytes())
+    result = run_cli("play", *args, cwd=tmp_path)
+    assert_one_line_error(result)
+    assert says in result.stderr

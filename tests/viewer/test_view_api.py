@@ -214,8 +214,12 @@ def test_sigterm_and_ctrl_c_stop_it_cleanly(tmp_path):
             assert running.stop(sig) == 0
 
 
-def test_bad_arguments_are_one_line_errors(tmp_path):
-    assert_one_line_error(run_cli("view", "--max-row-mb", "0", cwd=tmp_path))
-    assert_one_line_error(run_cli("view", "--env-yaml", "missing.yaml", cwd=tmp_path))
-    taken = run_cli("view", "--host", "256.1.1.1", cwd=tmp_path)
-    assert_one_line_error(taken)
+@pytest.mark.parametrize(("args", "says"), [
+    (("--max-row-mb", "0"), "--max-row-mb must be > 0"),
+    (("--env-yaml", "missing.yaml"), "env file 'missing.yaml' not found"),
+    (("--host", "256.1.1.1"), "cannot resolve host '256.1.1.1'"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, args, says):
+    result = run_cli("view", *args, cwd=tmp_path)
+    assert_one_line_error(result)
+    assert says in result.stderr
