@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.launch.config import ServerSpec
 
-FIXTURES = Path(__file__).parent / "fixtures"
-FIXTURES_YAML = FIXTURES / "configs" / "reliability.yaml"
+from ..fixtures import fixture_specs
+
 FIGURES_ENV = "NEMO_GYM_ENV_FIGURES"
 SOAK_ENV = "NEMO_GYM_ENV_SOAK"
 
@@ -59,11 +59,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 # ---- fixture servers ------------------------------------------------------------------------------
-
-
-def fixture_specs() -> dict[str, ServerSpec]:
-    """The fixture servers of fixtures/configs/reliability.yaml, by instance name."""
-    return {s.instance_name: s for s in server_specs(load_config([FIXTURES_YAML], env_yaml=None))}
 
 
 def with_config(spec: ServerSpec, **config: Any) -> ServerSpec:
@@ -148,7 +143,7 @@ def faulty_server() -> Iterator[Any]:
     from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher(ready_timeout_s=60) as launcher:
-        yield launcher.start(fixture_specs()["rel_faulty"])
+        yield launcher.start(fixture_specs("reliability")["rel_faulty"])
 
 
 def counts(url: str) -> dict[str, Any]:

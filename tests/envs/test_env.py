@@ -21,11 +21,11 @@ from nemo_gym_env import ActionError, NemoGymEnv, ServerError
 from nemo_gym_env.launch.child_env import SERVER_ENV
 from nemo_gym_env.protocol.types import make_response
 
-from .conftest import BUNDLED, example_rows, play_episode, scripted
+from ..conftest import BUNDLED, example_rows, play_episode, scripted
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Quito"}}</tool_call>'
 

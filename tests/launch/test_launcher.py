@@ -1,4 +1,4 @@
-"""The launcher, against real server processes on loopback (fixtures in tests/launch_fixtures/)."""
+"""The launcher, against real server processes on loopback (fixture servers in tests/fixtures/servers/launch/)."""
 
 from __future__ import annotations
 
@@ -22,21 +22,23 @@ import pytest
 from nemo_gym_env import launch
 from nemo_gym_env.errors import LaunchError, ServerCrashed, UnknownServerError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
-from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.launch.config import ServerSpec
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.launch.net import answers_ok
 from nemo_gym_env.launch.shared import acquire_server, release_server
 from nemo_gym_env.server import SESSION_SECRET_ENV
 
-FIXTURES = Path(__file__).parent / "launch_fixtures"
-FIXTURES_YAML = FIXTURES / "configs" / "launch_fixtures.yaml"
+from ..fixtures import fixture_config, fixture_server, fixture_specs
+
+FIXTURES = fixture_server("launch")
+FIXTURES_YAML = fixture_config("launch")
 BUNDLED = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def specs() -> dict[str, ServerSpec]:
-    return {s.instance_name: s for s in server_specs(load_config([FIXTURES_YAML], env_yaml=None))}
+    return fixture_specs("launch")
 
 
 @pytest.fixture
