@@ -23,10 +23,8 @@ from fastapi.testclient import TestClient
 
 pytest.importorskip("math_verify", reason="the math server needs the math extra: pip install -e '.[math]'")
 
-from nemo_gym_env.errors import TaskTimeout
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.testing import times_slower_than_plain
-from nemo_gym_env.server.workers import ProcessPoolRunner
 from nemo_gym_env.servers.math import answer, equivalence, judge, scripted
 from nemo_gym_env.servers.math.app import MathResourcesServer
 
@@ -157,49 +155,6 @@ def test_equivalence_stops_itself_at_its_time_limit() -> None:
     started = time.monotonic()
     assert equivalence.equivalent("2", SLOW_ANSWER, timeout_s=0.5) == "timeout"
     assert time.monotonic() - started < 5
-
-
-# ---- the worker pool ---------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_pool_replaces_a_hung_worker() -> None:
-    import asyncio
-
-    async def scenario() -> None:
-        runner = ProcessPoolRunner(1)
-        try:
-            assert await runner.run(pow, 2, 10, timeout_s=60) == 1024
-            started = time.monotonic()
-            with pytest.raises(TaskTimeout):
-                await runner.run(time.sleep, 60, timeout_s=0.5)
-            assert time.monotonic() - started < 5
-            # The only worker was stuck; the next task runs on a fresh pool at once.
-            assert await runner.run(pow, 3, 3, timeout_s=60) == 27
-            assert runner.pools_started == 2
-        finally:
-            await runner.aclose()
-
-    asyncio.run(scenario())
-
-
-@pytest.mark.slow
-def test_pool_retries_tasks_caught_in_a_replaced_pool() -> None:
-    import asyncio
-
-    async def scenario() -> None:
-        runner = ProcessPoolRunner(2)
-        try:
-            await runner.start()
-            hung = asyncio.ensure_future(runner.run(time.sleep, 60, timeout_s=1.0))
-            innocent = asyncio.ensure_future(runner.run(time.sleep, 1.5, timeout_s=30))
-            with pytest.raises(TaskTimeout):
-                await hung
-            assert await innocent is None  # killed with the pool, then run again on the new one
-        finally:
-            await runner.aclose()
-
-    asyncio.run(scenario())
 
 
 # ---- /verify ----------------------------------------------------------------------------
