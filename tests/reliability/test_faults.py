@@ -37,8 +37,8 @@ from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.rollouts.output import failures_path
 
 from ..cli.conftest import CLI, cli_env, descendants, read_jsonl
-from ..conftest import example_rows, scripted
-from .conftest import answer, arm, call, cmdline, counts, faulty_row, percentile, wait_until
+from ..conftest import example_rows, scripted, wait_until
+from .conftest import answer, arm, call, cmdline, counts, faulty_row, percentile
 
 SERVER = "example_multi_step"
 
