@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from nemo_gym_env.launch.catalog import bundled_servers
+from nemo_gym_env.server import testing
 
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
@@ -46,16 +47,7 @@ def example_rows(server: str) -> list[dict]:
 
 def play_episode(env, server: str, *, correct: bool = True, **reset_kwargs) -> tuple[float, bool, bool, dict]:
     """Play one scripted episode on a (single) env; returns the last (reward, terminated, truncated, info)."""
-    obs, info = env.reset(**reset_kwargs)
-    row = env.unwrapped.task
-    history: list[dict] = []
-    action = scripted(server)
-    for _ in range(50):
-        obs, reward, terminated, truncated, info = env.step(action(row, history, correct=correct))
-        history.extend(obs)
-        if terminated or truncated:
-            return reward, terminated, truncated, info
-    raise AssertionError("episode did not end in 50 turns")
+    return testing.play_episode(env, scripted(server), correct=correct, max_turns=50, **reset_kwargs)
 
 
 @pytest.fixture(scope="session")
