@@ -17,7 +17,8 @@ player asks for with the session's cookie, and verify the episode::
             assert play(client, ROWS[0], scripted_action, correct=True)["reward"] == 1.0
             assert verify(client, ROWS[0], [assistant_message("no idea")])["reward"] == 0.0
 
-- :func:`example_rows`: a server folder's ``data/example.jsonl``;
+- :func:`example_rows`, :func:`server_config`: a server folder's ``data/example.jsonl`` and the
+  instance block of its ``configs/<name>.yaml``;
 - :func:`app_client`: a ``TestClient`` of a server class (or object) and its config;
 - :func:`assistant_message`, :func:`function_call`, :func:`reasoning`: the items a model turn
   holds (from :mod:`~nemo_gym_env.server.scripting`);
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
@@ -49,6 +51,7 @@ __all__ = [
     "play",
     "play_episode",
     "reasoning",
+    "server_config",
     "times_slower_than_plain",
     "verify",
 ]
@@ -71,9 +74,32 @@ def example_rows(server_dir: Path | str, dataset: str = "data/example.jsonl") ->
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def server_config(server_dir: Path | str, name: str) -> dict[str, Any]:
+    """The block of instance ``name`` in a server folder's ``configs/<name>.yaml`` (NeMo Gym's format).
+
+    Asserts the file defines ``name: resources_servers: name:`` (instance and implementation
+    both named after the folder's server) and that its entrypoint is a file of the folder.
+
+    Example:
+        >>> from nemo_gym_env.launch.catalog import bundled_servers
+        >>> server_config(bundled_servers()["math"], "math")["entrypoint"]
+        'app.py'
+    """
+    folder = Path(server_dir)
+    path = folder / "configs" / f"{name}.yaml"
+    config = yaml.safe_load(path.read_text())
+    block = config.get(name) if isinstance(config, dict) else None
+    block = block.get("resources_servers") if isinstance(block, dict) else None
+    block = block.get(name) if isinstance(block, dict) else None
+    assert isinstance(block, dict), f"{path} does not define {name}: resources_servers: {name}: ..."
+    entrypoint = block.get("entrypoint")
+    assert isinstance(entrypoint, str) and (folder / entrypoint).is_file(), f"{path}: no file {entrypoint!r}"
+    return block
+
+
 def app_client(server: Any, config: dict[str, Any] | None = None, *, name: str | None = None,
                **client_kwargs: Any) -> TestClient:
-    """A ``TestClient`` of ``server``'s app: ``TestClient(server.from_config(config, name=name).build_app())``.
+    """A ``TestClient`` of a server's app: ``TestClient(Server.from_config(config, name=name).build_app())``.
 
     ``server`` is a server class (built from ``config``, under instance ``name``: required),
     or a server object already built (then give neither). Use it as a context manager, so
@@ -82,7 +108,7 @@ def app_client(server: Any, config: dict[str, Any] | None = None, *, name: str |
     """
     if isinstance(server, type):
         if name is None:
-            raise TypeError("app_client(ServerClass, config, name=...): a server class needs its instance name")
+            raise TypeError("app_client(ServerClass, config, name=...): a class needs its instance name")
         server = server.from_config(config or {}, name=name)
     elif config is not None or name is not None:
         raise TypeError("app_client(server_object): the object is already built; give no config or name")
@@ -143,7 +169,8 @@ def play_episode(env: Any, scripted_action: ScriptedAction, *, correct: bool = T
     row = env.unwrapped.task
     history: list[Any] = []
     for _ in range(max_turns):
-        observation, reward, terminated, truncated, info = env.step(scripted_action(row, history, correct=correct))
+        action = scripted_action(row, history, correct=correct)
+        observation, reward, terminated, truncated, info = env.step(action)
         history.extend(observation)
         if terminated or truncated:
             return reward, terminated, truncated, info

@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
@@ -30,6 +29,7 @@ from nemo_gym_env.server.testing import (
     function_call,
     play_episode,
     reasoning,
+    server_config,
     verify,
 )
 from nemo_gym_env.servers.code_gen import app as app_module
@@ -615,9 +615,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] and server["description"]
     app_module.CodeGenResourcesServerConfig.model_validate(server)
 

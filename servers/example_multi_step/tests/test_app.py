@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.testing import app_client, example_rows, function_call, play, verify
+from nemo_gym_env.server.testing import app_client, example_rows, function_call, play, server_config, verify
 from nemo_gym_env.servers.example_multi_step import app as app_module
 from nemo_gym_env.servers.example_multi_step import scripted
 
@@ -213,9 +212,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
 
 

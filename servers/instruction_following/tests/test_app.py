@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +21,7 @@ from nemo_gym_env.server.testing import (
     function_call,
     play_episode,
     reasoning,
+    server_config,
     verify,
 )
 from nemo_gym_env.servers.instruction_following import app as app_module
@@ -412,7 +412,8 @@ def test_only_the_last_assistant_message_counts(client: TestClient) -> None:
     row = row_with(["punctuation:no_comma"], [None])
     with_comma, without = assistant_message("a, b", "m1"), assistant_message("ab", "m2")
     assert verify(client, row, [with_comma, without, reasoning("a, b")])["reward"] == 1.0
-    assert verify(client, row, [assistant_message("ab", "m1"), assistant_message("a, b", "m2")])["reward"] == 0.0
+    without, with_comma = assistant_message("ab", "m1"), assistant_message("a, b", "m2")
+    assert verify(client, row, [without, with_comma])["reward"] == 0.0
 
 
 def test_message_parts_are_joined(client: TestClient) -> None:
@@ -499,9 +500,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] and server["description"]
     app_module.InstructionFollowingResourcesServerConfig.model_validate(server)
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import uvicorn
-import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
@@ -29,6 +28,7 @@ from nemo_gym_env.server.testing import (
     assistant_message,
     example_rows,
     reasoning,
+    server_config,
     times_slower_than_plain,
     verify,
 )
@@ -498,9 +498,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] == "math" and server["description"]
     assert "judge_api_key" not in server
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
@@ -18,6 +17,7 @@ from nemo_gym_env.server.testing import (
     assistant_message,
     example_rows,
     reasoning,
+    server_config,
     times_slower_than_plain,
     verify,
 )
@@ -320,9 +320,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["grading_mode"] is None and server["description"]
     MCQAResourcesServer.from_config(server, name=NAME)
 

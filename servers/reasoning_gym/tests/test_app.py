@@ -8,14 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("reasoning_gym")
 
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.testing import app_client, assistant_message, example_rows, reasoning, verify
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    reasoning,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.reasoning_gym import app as app_module
 from nemo_gym_env.servers.reasoning_gym import scripted, tasks
 from nemo_gym_env.servers.reasoning_gym.make_dataset import make_row
@@ -278,9 +284,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
     Server.from_config(server, name=NAME)  # every key is a valid setting
 
