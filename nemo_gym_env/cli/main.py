@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
     run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")
+    run.add_argument("--allow-changes", action="store_true",
+                     help="with --resume: add rows even if the file was written with other settings "
+                          "(repeats, policy, sampling, a changed dataset)")
     p.set_defaults(run="nemo_gym_env.cli.rollouts:cmd_rollouts")
 
     p = sub.add_parser("list", parents=[common], help="the bundled servers, env ids and tools",

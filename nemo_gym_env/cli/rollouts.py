@@ -8,10 +8,10 @@ from pathlib import Path
 from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
 from nemo_gym_env.launch.config import config_value
 from nemo_gym_env.launch.signals import sigterm_raises
-from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, metrics_path
+from nemo_gym_env.rollouts.output import failures_path, metrics_path
 from nemo_gym_env.rollouts.plan import plan_rollouts
 from nemo_gym_env.rollouts.report import metrics_table, write_metrics
-from nemo_gym_env.rollouts.runner import run_plan
+from nemo_gym_env.rollouts.runner import open_output, run_plan
 from nemo_gym_env.rollouts.settings import RolloutSettings
 
 __all__ = ["cmd_rollouts", "settings_of"]
@@ -28,7 +28,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         api_key=args.api_key, api=args.api, device=args.device, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
         concurrency=args.concurrency, max_steps=args.max_steps, timeout=args.timeout,
-        turn_timeout=args.turn_timeout, resume=args.resume,
+        turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
     )
 
 
@@ -40,7 +40,7 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     secrets = [s for s in (settings.api_key, config_value(plan.cfg, "policy_api_key")) if s]
     if not settings.resume and output.is_file() and output.stat().st_size:
         say(f"starting {output} over (it had rows; --resume continues a run instead)")
-    with sigterm_raises(), RolloutWriter(output, resume=settings.resume, secrets=secrets) as writer:
+    with sigterm_raises(), open_output(plan, secrets=secrets, say=say) as writer:
         if writer.torn_bytes:
             say(f"dropped a torn last line ({writer.torn_bytes} bytes) of {output} left by an interrupted run")
         if settings.resume:

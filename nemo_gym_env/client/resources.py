@@ -14,17 +14,37 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
 
-__all__ = ["CookieJar", "Reply", "ResourcesClient", "ServerError"]
+__all__ = ["CookieJar", "Reply", "ResourcesClient", "ServerError", "verdict_problem"]
 
 CookieJar = dict[str, str]
 """One episode's cookies: name -> value."""
 
 _JSON = ("Content-Type", "application/json")
+
+
+def verdict_problem(reply: Any) -> str | None:
+    """Why a verify reply cannot be used (what it says of ``reward``, ``reward_components``, ``mask_sample``), or None."""
+    if not isinstance(reply, dict):
+        return f"not a JSON object: {str(reply)[:200]}"
+    reward = reply.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return f"no numeric 'reward': {str(reply)[:200]}"
+    components = reply.get("reward_components")
+    if components is not None:
+        if not isinstance(components, dict):
+            return f"'reward_components' must map names to numbers, got {type(components).__name__}"
+        for name, value in components.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"reward component {str(name)[:80]!r} is {str(value)[:80]!r}, not a finite number"
+    if "mask_sample" in reply and reply["mask_sample"] is not None and not isinstance(reply["mask_sample"], bool):
+        return f"'mask_sample' must be true or false, got {str(reply['mask_sample'])[:80]!r}"
+    return None
 
 
 def _update_jar(jar: CookieJar, reply: Reply) -> None:
@@ -62,6 +82,15 @@ class ResourcesClient:
         self.base_url = self.http.base_url
         self.timeout_s = timeout_s
         self.verify_timeout_s = verify_timeout_s
+
+    @property
+    def connect_retries(self) -> int:
+        """Retries of a connection that could not be opened (nothing was sent)."""
+        return self.http.connect_retries
+
+    @connect_retries.setter
+    def connect_retries(self, value: int) -> None:
+        self.http.connect_retries = value
 
     async def post_raw(self, route: str, body: Any, jar: CookieJar, *, task_index: int | None = None,
                        timeout_s: float | None = None) -> Reply:
@@ -137,11 +166,18 @@ class ResourcesClient:
         return reply.text
 
     async def verify(self, body: dict[str, Any], jar: CookieJar, *, task_index: int | None = None) -> dict[str, Any]:
-        """``POST /verify``; returns the reply, which carries ``reward``."""
+        """``POST /verify``; returns the reply, which carries ``reward``.
+
+        Raises:
+            ServerError: the reply has no numeric ``reward``, or optional fields of the wrong
+                kind: ``reward_components`` other than a map of names to finite numbers,
+                ``mask_sample`` other than a boolean.
+        """
         reply = await self.post_json("/verify", body, jar, task_index=task_index, timeout_s=self.verify_timeout_s)
-        if not isinstance(reply, dict) or not isinstance(reply.get("reward"), (int, float)):
-            raise ServerError(f"verify reply has no numeric 'reward': {str(reply)[:200]}", server=self.base_url,
-                              route="/verify", task_index=task_index)
+        problem = verdict_problem(reply)
+        if problem is not None:
+            raise ServerError(f"unusable verify reply: {problem}", server=self.base_url, route="/verify",
+                              task_index=task_index)
         return reply
 
     async def health(self, timeout_s: float = 5.0) -> bool:

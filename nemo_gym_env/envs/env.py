@@ -33,6 +33,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode, StepResult
+from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
@@ -59,6 +60,9 @@ class NemoGymEnv(gym.Env[list, Any]):
         on_server_error: ``"truncate"`` (default) ends the episode with ``info["error"]``;
             ``"raise"`` raises :class:`~nemo_gym_env.errors.ServerError`.
         render_mode: ``"ansi"`` renders the episode as text.
+        protocol: ``"auto"`` (default: told from the server, see :mod:`nemo_gym_env.envs.protocols`),
+            ``"resources"`` (``/seed_session``, tools, ``/verify``) or ``"gymnasium"``
+            (``/reset``, ``/step``: the server rewards every step).
         server_handle: A server already resolved by :func:`~nemo_gym_env.envs.sources.resolve_server`
             (``gym.make`` passes the one it started); the env releases it on :meth:`close`.
     """
@@ -77,6 +81,7 @@ class NemoGymEnv(gym.Env[list, Any]):
         verify_timeout_s: float = 300.0,
         on_server_error: str = "truncate",
         render_mode: str | None = None,
+        protocol: str = "auto",
         server_handle: ServerHandle | None = None,
     ):
         if max_steps < 1:
@@ -98,6 +103,7 @@ class NemoGymEnv(gym.Env[list, Any]):
         self.base_url = self._handle.url
         self.server_name = self._handle.name
         self.client = ResourcesClient(self.base_url, timeout_s=request_timeout_s, verify_timeout_s=verify_timeout_s)
+        self.protocol = protocol
         self.observation_space = JsonItems()
         self.action_space = action_space_for(self.rows)
         self.episode: Episode | None = None
@@ -106,8 +112,7 @@ class NemoGymEnv(gym.Env[list, Any]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list, dict]:
         """Start an episode on a task; see the module docstring."""
-        episode = self._new_episode(seed, options)
-        return background_loop().run(episode.start())
+        return background_loop().run(self._start(*self._pick(seed, options)))
 
     def step(self, action: Any) -> StepResult:
         """Play one model turn; see the module docstring."""
@@ -116,8 +121,7 @@ class NemoGymEnv(gym.Env[list, Any]):
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list, dict]:
         """Async :meth:`reset`, for trainers with their own event loop."""
-        episode = self._new_episode(seed, options)
-        return await background_loop().run_async(episode.start())
+        return await background_loop().run_async(self._start(*self._pick(seed, options)))
 
     async def astep(self, action: Any) -> StepResult:
         """Async :meth:`step`."""
@@ -160,11 +164,24 @@ class NemoGymEnv(gym.Env[list, Any]):
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _new_episode(self, seed: int | None, options: dict[str, Any] | None) -> Episode:
+    def open_episode(self, row: dict[str, Any], task_index: int | None = None,
+                     max_steps: int | None = None) -> Episode:
+        """A new, unstarted episode of ``row`` on this env's server, speaking its protocol.
+
+        For code that drives episodes itself (the trainer adapters); ``await episode.start()``
+        on the background loop begins it.
+        """
+        traits = background_loop().run(server_traits(self.client, self.protocol))
+        return open_episode(traits, self.client, row, task_index, max_steps or self.max_steps)
+
+    def _pick(self, seed: int | None, options: dict[str, Any] | None) -> tuple[int | None, dict[str, Any]]:
         super().reset(seed=seed)
-        index, row = pick_task(self.rows, self.np_random, options)
-        self.episode = Episode(self.client, row, index, self.max_steps)
-        return self.episode
+        return pick_task(self.rows, self.np_random, options)
+
+    async def _start(self, index: int | None, row: dict[str, Any]) -> tuple[list, dict]:
+        traits = await server_traits(self.client, self.protocol)  # told once per server, then cached
+        self.episode = open_episode(traits, self.client, row, index, self.max_steps)
+        return await self.episode.start()
 
     def _check_step(self, action: Any) -> list[dict[str, Any]]:
         if self.episode is None or self.episode.done:

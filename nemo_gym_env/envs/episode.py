@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -12,7 +14,9 @@ from nemo_gym_env.protocol.dataset import input_items
 from nemo_gym_env.protocol.metrics import numeric_fields
 from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE, Response, make_response
 
-__all__ = ["SAMPLING_KEYS", "Episode", "StepResult"]
+__all__ = ["SAMPLING_KEYS", "Episode", "StepResult", "verdict_info"]
+
+log = logging.getLogger(__name__)
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
                  "tool_choice", "instructions")
@@ -41,6 +45,21 @@ def _dumped_tools(tools: list[Any]) -> list[Any]:
     return dumped
 
 
+def verdict_info(reply: dict[str, Any], info: dict[str, Any]) -> None:
+    """The parts of a verdict every episode's last ``info`` carries besides the numbers.
+
+    ``mask_sample`` (an infrastructure failure: train on nothing of it, score it nothing), the
+    reason of a failure, and ``reward_components`` (a name -> number map; the client checked it).
+    """
+    for key in ("failure_kind", "failure_reason"):
+        if isinstance(reply.get(key), str):
+            info[key] = reply[key][:500]
+    if isinstance(reply.get("mask_sample"), bool):
+        info["mask_sample"] = reply["mask_sample"]
+    if isinstance(reply.get("reward_components"), dict):
+        info["reward_components"] = {str(k): float(v) for k, v in reply["reward_components"].items()}
+
+
 def _no_constant(name: str) -> Any:
     # NaN and Infinity are not JSON, whatever Python's json module accepts.
     raise ValueError(f"{name} is not a JSON value")
@@ -60,11 +79,13 @@ class Episode:
         >>> observation, reward, terminated, truncated, info = await episode.play(items)        # doctest: +SKIP
     """
 
-    def __init__(self, client: ResourcesClient, row: dict[str, Any], task_index: int | None, max_steps: int):
+    def __init__(self, client: ResourcesClient, row: dict[str, Any], task_index: int | None, max_steps: int, *,
+                 close_session: bool = False):
         self.client = client
         self.task = row
         self.task_index = task_index
         self.max_steps = max_steps
+        self.close_session = close_session
         self.cookies: CookieJar = {}
         self.trajectory: list[dict[str, Any]] = []
         self.turn = 0
@@ -90,13 +111,16 @@ class Episode:
         """
         await self.client.seed_session(self.task, self.cookies, task_index=self.task_index)
         self.done = False
+        return input_items(self.task), self.start_info()
+
+    def start_info(self) -> dict[str, Any]:
+        """``info`` of a reset: the task index, its tools and its sampling parameters."""
         params = self.task["responses_create_params"]
-        info: dict[str, Any] = {
+        return {
             "task_index": -1 if self.task_index is None else self.task_index,
             "tools": self.tools,
             "sampling": {k: params[k] for k in SAMPLING_KEYS if params.get(k) is not None},
         }
-        return input_items(self.task), info
 
     async def play(self, items: list[dict[str, Any]]) -> StepResult:
         """One model turn of already normalised output items."""
@@ -157,10 +181,26 @@ class Episode:
         reward = float(reply["reward"])
         info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
         info["reward"] = reward
-        for key in ("failure_kind", "failure_reason"):
-            if isinstance(reply.get(key), str):
-                info[key] = reply[key][:500]
+        verdict_info(reply, info)
+        if self.close_session:
+            await self._close_session()
         return reward
+
+    async def _close_session(self) -> None:
+        """NeMo Gym 0.7's ``POST /close_session``: frees the session on servers that keep it past /verify.
+
+        Its failure never fails the episode: the reward is in hand; it is logged.
+        """
+        episode_id = uuid.uuid4().hex
+        body = {"resources_session_id": episode_id, "episode_id": {"rollout_id": episode_id, "attempt": 0}}
+        try:
+            reply = await self.client.post_raw("/close_session", body, self.cookies, task_index=self.task_index)
+        except ServerError as exc:
+            log.warning("%s", exc)
+            return
+        if not reply.is_success:
+            log.warning("%s/close_session (task %s): HTTP %d: %s", self.client.base_url, self.task_index,
+                        reply.status_code, reply.text[:200])
 
     def _response_json(self) -> dict[str, Any]:
         """``self.response`` as JSON, with the task's tools dumped once per task rather than per episode.

@@ -38,6 +38,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode, StepResult
+from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
@@ -60,6 +61,7 @@ class NemoGymVectorEnv(VectorEnv):
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs`` and
             ``final_info`` in infos) or ``DISABLED`` (reset with ``options={"reset_mask": mask}``).
         max_in_flight: Bound on concurrent HTTP requests to each server.
+        protocol: As :class:`~nemo_gym_env.envs.env.NemoGymEnv`'s.
         server_handle: A server already resolved (``gym.make_vec`` passes the one it started);
             released on :meth:`close`.
 
@@ -83,6 +85,7 @@ class NemoGymVectorEnv(VectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         max_in_flight: int = 1024,
         render_mode: str | None = None,
+        protocol: str = "auto",
         server_handle: ServerHandle | None = None,
     ):
         if num_envs < 1:
@@ -111,6 +114,7 @@ class NemoGymVectorEnv(VectorEnv):
                                         max_in_flight=max_in_flight) for url in urls]
         """One client per server; sub-env ``i`` uses ``clients[i % len(clients)]``."""
         self.client = self.clients[0]
+        self.protocol = protocol
         self.single_observation_space = JsonItems()
         self.single_action_space = action_space_for(self.rows)
         self.observation_space = Tuple([self.single_observation_space] * num_envs)
@@ -163,9 +167,10 @@ class NemoGymVectorEnv(VectorEnv):
     async def _start(self, i: int, task_index: int | None = None) -> tuple[list, dict]:
         options = None if task_index is None else {"task_index": task_index}
         index, row = pick_task(self.rows, self._rngs[i], options)
-        episode = Episode(self.clients[i % len(self.clients)], row, index, self.max_steps)
-        self.episodes[i] = episode
+        client = self.clients[i % len(self.clients)]
         try:
+            episode = open_episode(await server_traits(client, self.protocol), client, row, index, self.max_steps)
+            self.episodes[i] = episode
             obs, info = await episode.start()
         except ServerError as exc:
             self._needs_reset[i] = True

@@ -25,7 +25,12 @@ from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
     from nemo_gym_env.errors import ConfigError, LaunchError, ServerCrashed, UnknownServerError
-    from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
+    from nemo_gym_env.launch.catalog import (
+        bundled_config_path,
+        bundled_dataset,
+        bundled_servers,
+        bundled_spec,
+    )
     from nemo_gym_env.launch.child_env import SERVER_ENV, SESSION_SECRET_ENV
     from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs, to_yaml
     from nemo_gym_env.launch.entrypoint import resolve_entrypoint

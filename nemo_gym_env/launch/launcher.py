@@ -71,7 +71,7 @@ from nemo_gym_env.launch.redaction import redact_text
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["Launcher", "ServerProcess", "killpg"]
+__all__ = ["Launcher", "ServerProcess", "killpg", "temporary_log_dir"]
 
 logger = logging.getLogger("nemo_gym_env.launch")
 
@@ -138,6 +138,45 @@ class ServerProcess:
             return ""
         text = data.decode("utf-8", errors="replace")
         return redact_text("\n".join(text.splitlines()[-lines:]))
+
+
+# ---- log folders ----------------------------------------------------------------------------------
+
+LOG_DIR_PREFIX = "nemo_gym_env_logs_"
+
+
+def _process_tag(pid: int) -> str | None:
+    """``<pid>-<start time>`` of a live process (None when it is gone): a pid alone can be reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return f"{pid}-{int(fields[19])}"  # field 22 of stat: the start time, in clock ticks since boot
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):  # no /proc here: the pid is all there is
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{pid}-0"
+
+
+def temporary_log_dir() -> Path:
+    """A new temporary log folder named after this process, after removing those of dead processes.
+
+    A launcher removes its own folder when it closes; one killed with SIGKILL cannot, so the
+    next launcher on the machine does: nothing accumulates in the temporary folder.
+    """
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob(f"{LOG_DIR_PREFIX}*_*"):
+        owner = folder.name[len(LOG_DIR_PREFIX):].split("_", 1)[0]
+        pid_text, _, _ = owner.partition("-")
+        if pid_text.isdigit() and _process_tag(int(pid_text)) != owner:
+            shutil.rmtree(folder, ignore_errors=True)
+    tag = _process_tag(os.getpid()) or f"{os.getpid()}-0"
+    return Path(tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{tag}_"))
 
 
 # ---- processes ----------------------------------------------------------------------------------
@@ -247,7 +286,7 @@ class Launcher:
         self._servers: dict[str, ServerProcess] = {}
         self._closed = threading.Event()
         owned = log_dir is None
-        self.log_dir = Path(tempfile.mkdtemp(prefix="nemo_gym_env_logs_")) if owned else Path(log_dir)
+        self.log_dir = temporary_log_dir() if owned else Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # The children watch the read end; only this process holds the (non-inheritable) write end.
         self._parent_fd, write_fd = os.pipe()

@@ -49,13 +49,12 @@ from nemo_gym_env.policies.chat import (
     responses_to_chat_messages,
     tools_to_chat,
 )
-from nemo_gym_env.protocol.items import plain
+from nemo_gym_env.protocol.items import plain, without_token_fields
 
 __all__ = ["OpenAIPolicy", "PolicyError"]
 
 log = logging.getLogger(__name__)
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _ACTION_TYPES = ("message", "function_call", "reasoning")
 _RESPONSES_SAMPLING = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
                        "tool_choice", "instructions")
@@ -257,7 +256,8 @@ class OpenAIPolicy(Policy):
 
     async def _responses(self, request: PolicyRequest) -> PolicyTurn:
         items = [{"role": "user", "content": request.input}] if isinstance(request.input, str) else request.input
-        body: dict[str, Any] = {"model": self.model, "input": [_strip_tokens(i) for i in [*items, *request.history]]}
+        body: dict[str, Any] = {"model": self.model,
+                                "input": [without_token_fields(i) for i in [*items, *request.history]]}
         if request.tools:
             body["tools"] = [plain(t) for t in request.tools]
         body.update(self._params(request))
@@ -281,7 +281,7 @@ class OpenAIPolicy(Policy):
                 prompt = _int_list(item.get("prompt_token_ids"))
                 generation = _int_list(item["generation_token_ids"])
                 log_probs = _float_list(item.get("generation_log_probs"))
-            items_out.append(_strip_tokens(item))
+            items_out.append(without_token_fields(item))
         return _turn(items_out, prompt, generation, log_probs, self._where())
 
     async def _chat(self, request: PolicyRequest) -> PolicyTurn:
@@ -390,13 +390,6 @@ def _config_value(config: Mapping[str, Any], key: str) -> Any:
     if isinstance(config, DictConfig):
         return None if key not in config or OmegaConf.is_missing(config, key) else config[key]
     return config.get(key)
-
-
-def _strip_tokens(item: Any) -> Any:
-    item = plain(item)
-    if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
-        return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
-    return item
 
 
 def _chat_tool_choice(choice: Any) -> Any:

@@ -7,7 +7,7 @@
 - :mod:`~nemo_gym_env.protocol.parser`: raw model text <-> items (``<think>``, ``<tool_call>``);
 - :mod:`~nemo_gym_env.protocol.dataset`: task rows (NeMo Gym's JSONL) read and checked;
 - :mod:`~nemo_gym_env.protocol.metrics`: aggregate metrics of verify replies (``pass@k``...);
-- :mod:`~nemo_gym_env.protocol.keys`: the bookkeeping keys of rollout rows.
+- :mod:`~nemo_gym_env.protocol.keys`: the bookkeeping keys of rollout rows and the token fields.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         FAILURE_CLASS_KEY,
         ROLLOUT_INDEX_KEY,
         TASK_INDEX_KEY,
+        TOKEN_FIELDS,
     )
     from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields, pass_at_k
     from nemo_gym_env.protocol.parser import items_to_text, parse_model_text, render_tool_call
@@ -34,6 +35,7 @@ __all__ = [
     "FAILURE_CLASS_KEY",
     "ROLLOUT_INDEX_KEY",
     "TASK_INDEX_KEY",
+    "TOKEN_FIELDS",
     "Response",
     "RowProblem",
     "aggregate_metrics",
@@ -59,7 +61,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                     "nemo_gym_env.protocol.dataset"),
     **dict.fromkeys(("check_turn", "content_text", "is_model_item", "item_kind", "plain"),
                     "nemo_gym_env.protocol.items"),
-    **dict.fromkeys(("AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY"),
+    **dict.fromkeys(("AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY",
+                     "TOKEN_FIELDS"),
                     "nemo_gym_env.protocol.keys"),
     **dict.fromkeys(("aggregate_metrics", "numeric_fields", "pass_at_k"), "nemo_gym_env.protocol.metrics"),
     **dict.fromkeys(("items_to_text", "parse_model_text", "render_tool_call"), "nemo_gym_env.protocol.parser"),

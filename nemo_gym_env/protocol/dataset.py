@@ -51,12 +51,19 @@ def check_row(row: Any) -> str | None:
 
 def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """Yield ``(line_number, row, problem)`` for every non-blank line; ``row`` is None when invalid."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, None, f"not UTF-8 text: byte {exc.start + 1} of the line is {raw[exc.start]:#04x}"
+                continue
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # Without its newline: an error at the end of the line is at its last column, not
+                # at "line 2, column 1".
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 yield number, None, f"not JSON: {exc.msg} at column {exc.colno}"
                 continue

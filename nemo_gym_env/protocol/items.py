@@ -8,7 +8,8 @@ the trainer adapters) asks here, so the rules cannot drift apart:
   message, the Responses API's ``EasyInputMessage``);
 - :func:`is_model_item` says whether the model wrote it;
 - :func:`content_text` and :func:`reasoning_text` read the text out of content and summary parts;
-- :func:`check_turn` validates a model turn's items against the wire types.
+- :func:`check_turn` validates a model turn's items against the wire types;
+- :func:`without_token_fields` takes the training token fields off an item.
 
 Example:
     >>> item_kind({"role": "user", "content": "hi"}), is_model_item({"type": "function_call"})
@@ -21,9 +22,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.protocol.keys import TOKEN_FIELDS
+from nemo_gym_env.protocol.types import (
+    FunctionCall,
+    FunctionCallForTraining,
+    OutputMessage,
+    OutputMessageForTraining,
+    ReasoningItem,
+    ReasoningItemForTraining,
+    make_response,
+)
 
 __all__ = [
     "ACTION_ITEM_TYPES",
@@ -35,6 +45,7 @@ __all__ = [
     "item_kind",
     "plain",
     "reasoning_text",
+    "without_token_fields",
 ]
 
 ITEM_TYPES: tuple[str, ...] = ("message", "function_call", "function_call_output", "reasoning")
@@ -60,6 +71,21 @@ def plain(value: Any) -> Any:
     if not isinstance(value, (dict, list, str)) and hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_none=True, by_alias=True)
     return value
+
+
+def without_token_fields(item: Any) -> Any:
+    """``item`` as plain data without the training fields of :data:`~nemo_gym_env.protocol.keys.TOKEN_FIELDS`.
+
+    An item without them comes back as it is (after :func:`plain`), not copied.
+
+    Example:
+        >>> without_token_fields({"type": "message", "content": "a", "prompt_token_ids": [1]})
+        {'type': 'message', 'content': 'a'}
+    """
+    item = plain(item)
+    if isinstance(item, dict) and any(k in item for k in TOKEN_FIELDS):
+        return {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
+    return item
 
 
 def item_kind(item: Any) -> str | None:
@@ -108,18 +134,40 @@ def reasoning_text(item: dict[str, Any]) -> str:
     return "\n\n".join(text for text in texts if text)
 
 
+_MODELS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
+    "message": (OutputMessage, OutputMessageForTraining),
+    "function_call": (FunctionCall, FunctionCallForTraining),
+    "reasoning": (ReasoningItem, ReasoningItemForTraining),
+}
+
+
 def check_turn(items: list[dict[str, Any]]) -> str | None:
     """Why ``items`` are not a valid model turn (``"<position>.<field>: <reason>"``), or None.
 
     The items are validated against the wire types (:mod:`nemo_gym_env.protocol.types`), as the
-    env's ``step`` and the action space's ``contains`` both require.
+    env's ``step`` and the action space's ``contains`` both require. A turn the ``Response``
+    model accepts is valid; when it does not, the reason given is the one of the item's own
+    model (a ``function_call`` without ``name`` is said to lack ``name``, not a token field of
+    the training variant that the union tried first).
     """
     try:
         make_response(items)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"][1:])
-        return f"{where}: {first['msg']}"
+        return None
+    except ValidationError:
+        pass
     except RecursionError:
         return "nested too deeply"
-    return None
+    for position, item in enumerate(items):
+        models = _MODELS.get(str(item_kind(item)))
+        if models is None:
+            continue
+        model = models[1] if any(name in item for name in TOKEN_FIELDS) else models[0]
+        try:
+            model.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in (position, *first["loc"]))
+            return f"{where}: {first['msg']}"
+        except RecursionError:
+            return f"{position}: nested too deeply"
+    return "the items do not form a valid Responses output"

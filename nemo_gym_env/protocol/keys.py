@@ -1,16 +1,21 @@
 """The bookkeeping keys NeMo Gym adds to rows, in one place.
 
-A rollout row is the ``/verify`` reply plus :data:`TASK_INDEX_KEY` and :data:`ROLLOUT_INDEX_KEY`;
+A rollout row is the ``/verify`` reply plus :data:`TASK_INDEX_KEY` and :data:`ROLLOUT_INDEX_KEY`
+(and, in ours, :data:`TASK_KEY_KEY`);
 a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a failed rollout
 (written to the failures sidecar, never to the rollouts file) carries :data:`FAILURE_CLASS_KEY`.
 """
 
 from __future__ import annotations
 
-__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY"]
+__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS"]
 
 TASK_INDEX_KEY = "_ng_task_index"
 """The task's index in its dataset."""
+
+TASK_KEY_KEY = "_ng_task_key"
+"""The task's identity: a digest of its row's content (see :mod:`nemo_gym_env.rollouts.identity`).
+Unlike the index, it does not change when the input is reordered or another server joins the run."""
 
 ROLLOUT_INDEX_KEY = "_ng_rollout_index"
 """Which repeat of the task this rollout is (0 .. num_repeats - 1)."""
@@ -21,3 +26,7 @@ AGENT_REF_KEY = "agent_ref"
 FAILURE_CLASS_KEY = "_ng_failure_class"
 """Marks a failed rollout (NeMo Gym's sidecar key); its value says whose fault:
 ``server_error``, ``policy_error`` or ``policy_timeout``."""
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+"""The per-call training fields on the last output item of each model call (docs/architecture.md,
+"The wire"): everything the model saw, what it generated, and each generated token's log-probability."""

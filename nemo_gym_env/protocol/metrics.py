@@ -82,8 +82,12 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]]) -> AggregateMetrics:
+def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]], *,
+                      group_key: str = TASK_INDEX_KEY) -> AggregateMetrics:
     """Aggregate verify replies into agent-level, per-task and headline metrics.
+
+    Rollouts of one task are the rows with the same ``group_key`` (NeMo Gym's task index by
+    default; a rollouts file is grouped by its rows' task identity instead).
 
     Example:
         >>> rows = [{"_ng_task_index": 0, "reward": 1.0}, {"_ng_task_index": 0, "reward": 0.0},
@@ -106,12 +110,12 @@ def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]]) -> Aggregat
 
     groups: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[_task_key(row.get(TASK_INDEX_KEY, 0))].append(row)
+        groups[_task_key(row.get(group_key, 0))].append(row)
     agent["num_tasks"] = len(groups)
     per_task = []
     for task_index in sorted(groups, key=lambda t: (str(type(t)), t)):
         rewards = [_reward(r) for r in groups[task_index]]
-        per_task.append({TASK_INDEX_KEY: task_index, "num_rollouts": len(rewards), **{
+        per_task.append({group_key: task_index, "num_rollouts": len(rewards), **{
             f"{stat}/reward": v for stat, v in _summary(rewards).items()}})
 
     reward_lists = [[_reward(r) for r in g] for g in groups.values()]

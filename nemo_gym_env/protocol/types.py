@@ -9,9 +9,9 @@ changing its imports::
     class MyVerifyRequest(BaseVerifyRequest):
         expected_answer: str
 
-The request models are strict where NeMo Gym is strict (``responses_create_params`` rejects
-unknown keys) and permissive where datasets carry ground truth (extra top-level row fields
-are kept and echoed back by ``/verify``).
+The request models validate the fields they read and keep every other key: unknown keys of
+``responses_create_params`` (what a newer client sends) and extra top-level row fields (the
+ground truth datasets carry) are passed on and echoed back by ``/verify``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ __all__ = [
     "BaseSeedSessionResponse",
     "AggregateMetricsRequest",
     "AggregateMetrics",
+    "RELEASES_SESSION",
     "RESERVED_ROUTES",
     "TOOL_NAME_RE",
     "new_id",
@@ -78,8 +79,13 @@ __all__ = [
 ]
 
 
-RESERVED_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "openapi.json", "docs", "redoc"})
+RESERVED_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "close_session", "reverify_mode", "mcp",
+                             "openapi.json", "docs", "redoc"})
 """Route names of a resources server that are not tools."""
+
+RELEASES_SESSION = "x-releases-session"
+"""OpenAPI extension on a server's ``/verify``: the server frees the session's state there, so a
+client need not send NeMo Gym 0.7's ``POST /close_session`` after it."""
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 """What a tool route name may look like; anything else never reaches a URL."""
@@ -256,10 +262,14 @@ def make_response(
 class ResponsesCreateParams(BaseModel):
     """A Responses ``create`` body (non-streaming), validated server-side.
 
-    Unknown keys are rejected, as in NeMo Gym: a typo in a dataset must not be silently dropped.
+    The fields read here are validated; any other key is kept and passed on unchanged (echoed
+    by ``/verify``, sent to the model), so a newer client's keys never make a body invalid:
+    NeMo Gym 0.7's agent sends seven keys 0.4's did not (``context_management``,
+    ``conversation``, ``moderation``, ``prompt_cache_key``, ``prompt_cache_retention``,
+    ``safety_identifier``, ``stream_options``), and the next version will send others.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     background: bool | None = None
     include: list[ResponseIncludable] | None = None

@@ -10,7 +10,7 @@ Ray streaming generator, one row per finished episode::
     from nemo_gym_env.ray_cluster import ray_collect
 
     for row in ray_collect(rows, lambda: ScriptedPolicy("math"), {"math": url}, num_workers=4):
-        out.write(row)                      # (task, rollout) order; failures as in rollouts.collect
+        out.write(row)                      # rows' order, then rollout; failures as in rollouts.collect
 
 Worker death (its process killed, its node lost): the rows it had already streamed are kept;
 its unfinished rollouts go back to the queue and run on the surviving workers; a row is never
@@ -23,12 +23,12 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_env.errors import WorkersLost
-from nemo_gym_env.protocol.keys import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -36,12 +36,24 @@ from nemo_gym_env.ray_cluster.connection import (
     lost_worker_errors,
     remote_class,
 )
+from nemo_gym_env.rollouts.identity import server_of, task_keys
 from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, run_rollout
 from nemo_gym_env.rollouts.plan import route_row
 
 __all__ = ["WorkersLost", "ray_collect"]
 
 Key = tuple[int, int]
+"""``(position of the task in rows, rollout index)``: the driver's own handle on a rollout."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a worker needs to play one rollout."""
+
+    task_index: int
+    task_key: str
+    rollout_index: int
+    row: dict[str, Any]
 
 
 class _RolloutWorker:
@@ -62,21 +74,23 @@ class _RolloutWorker:
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
-    async def run(self, chunk: list[tuple[Key, dict[str, Any]]]) -> Any:
-        """Play a chunk of rollouts; yield each finished row (an output or a failure row)."""
+    async def run(self, chunk: list[tuple[Key, _Job]]) -> Any:
+        """Play a chunk of rollouts; yield ``(key, row)`` for each finished one (an output or a failure row)."""
         if self._policy is None:
             self._policy = self._policy_factory()
         settings = self._settings
 
-        def job(key: Key, row: dict[str, Any]) -> RolloutJob:
-            name = route_row(row, self._server_urls, self._routes)
-            return RolloutJob(row, key[0], key[1], self._clients[name], self._policy, name)
+        def job(spec: _Job) -> RolloutJob:
+            name = route_row(spec.row, self._server_urls, self._routes)
+            return RolloutJob(spec.row, spec.task_index, spec.rollout_index, self._clients[name], self._policy, name,
+                              spec.task_key)
 
-        async def play(job: RolloutJob) -> dict[str, Any]:
+        async def play(key: Key, spec: _Job) -> tuple[Key, dict[str, Any]]:
             async with self._slots:  # the worker's bound, over all its chunks in flight
-                return await run_rollout(job, max_steps=settings["max_steps"], turn_timeout_s=settings["turn_timeout_s"])
+                return key, await run_rollout(job(spec), max_steps=settings["max_steps"],
+                                              turn_timeout_s=settings["turn_timeout_s"])
 
-        tasks = [asyncio.ensure_future(play(job(key, row))) for key, row in chunk]
+        tasks = [asyncio.ensure_future(play(key, spec)) for key, spec in chunk]
         try:
             for next_done in asyncio.as_completed(tasks):
                 yield await next_done
@@ -104,7 +118,7 @@ def ray_collect(
     chunk_size: int | None = None,
     max_steps: int = 16,
     sampling: Mapping[str, Any] | None = None,
-    skip: Sequence[Key] = (),
+    skip: Iterable[tuple[str, str, int]] = (),
     routes: Mapping[str, str] | None = None,
     num_cpus_per_worker: float = 1.0,
     num_gpus_per_worker: float = 0.0,
@@ -128,7 +142,9 @@ def ray_collect(
             chunks lose less work when a worker dies and balance slow tails better.
         max_steps: Model turns before an episode is verified anyway.
         sampling: Overrides of ``responses_create_params`` (as in :func:`~nemo_gym_env.rollouts.jobs.collect`).
-        skip: ``(task_index, rollout_index)`` pairs already done (resume).
+        skip: Identities already done, ``(server, task key, rollout index)``
+            (``RolloutWriter.done`` when resuming; see :mod:`~nemo_gym_env.rollouts.identity`); the
+            server of a row is its ``agent_ref.name``, or the one name of a single server.
         routes: Agent name -> server name, for rows whose ``agent_ref`` names a NeMo Gym agent.
         num_cpus_per_worker: CPUs each worker reserves (spreads workers over nodes).
         num_gpus_per_worker: GPUs each worker reserves (a local model per worker).
@@ -139,12 +155,12 @@ def ray_collect(
         on_worker_lost: Called with (worker index, reason) when a worker dies.
 
     Yields:
-        Output rows (the ``/verify`` reply with ``_ng_task_index``/``_ng_rollout_index``) and
-        failure rows (:func:`~nemo_gym_env.rollouts.output.is_failure`), in (task, rollout) order,
-        each exactly once.
+        Output rows (the ``/verify`` reply with ``_ng_task_index``, ``_ng_task_key``,
+        ``_ng_rollout_index``) and failure rows (:func:`~nemo_gym_env.rollouts.output.is_failure`),
+        in the order of ``rows`` then rollout index, each exactly once.
 
     Raises:
-        WorkersLost: Every worker died with rollouts left.
+        WorkersLost: Every worker died with rollouts left (``missing`` holds their identities).
         TimeoutError: ``timeout_s`` passed with rollouts left.
     """
     if num_workers < 1 or concurrency < 1 or num_repeats < 1:
@@ -154,14 +170,15 @@ def ray_collect(
     urls = {"server": server_urls} if isinstance(server_urls, str) else dict(server_urls)
     urls = {name: url.rstrip("/") for name, url in urls.items()}
     done = set(skip)
-    jobs: dict[Key, dict[str, Any]] = {}
-    for position, row in enumerate(rows):
+    jobs: dict[Key, _Job] = {}
+    for position, (row, key) in enumerate(zip(rows, task_keys(rows))):
         task = int(row.get(TASK_INDEX_KEY, position))
         prepared = apply_sampling(row, sampling)
-        route_row(prepared, urls, routes)  # a row that names no server fails here, not on a worker
+        server = route_row(prepared, urls, routes)  # a row that names no server fails here, not on a worker
+        name = server_of(row) or server
         for rollout in range(num_repeats):
-            if (task, rollout) not in done:
-                jobs[(task, rollout)] = prepared
+            if (name, key, rollout) not in done:
+                jobs[(position, rollout)] = _Job(task, key, rollout, prepared)
     order = sorted(jobs)
     size = chunk_size or concurrency
     queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
@@ -192,8 +209,8 @@ def ray_collect(
         if on_worker_lost is not None:
             on_worker_lost(worker.index, reason)
 
-    def left() -> list[Key]:
-        return [k for k in order if k not in finished]
+    def left() -> list[tuple[str, str, int]]:
+        return [(_server(jobs[k].row, urls, routes), jobs[k].task_key, k[1]) for k in order if k not in finished]
 
     try:
         hand_out()
@@ -215,14 +232,14 @@ def ray_collect(
                 if worker not in workers:
                     continue  # lost while this round read another of its streams
                 try:
-                    row = ray.get(next(stream))
+                    key, row = ray.get(next(stream))
                 except StopIteration:
                     del worker.streams[stream]
                     continue
                 except lost_worker_errors(ray) as exc:
                     lose(worker, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                     continue
-                key = (row[TASK_INDEX_KEY], row[ROLLOUT_INDEX_KEY])
+                key = tuple(key)
                 if key in jobs and key not in finished:  # a late duplicate of a re-run rollout stays out
                     finished.add(key)
                     waiting[key] = row
@@ -233,3 +250,7 @@ def ray_collect(
     finally:
         for worker in workers:
             kill_actor(ray, worker.handle)
+
+
+def _server(row: dict[str, Any], urls: Mapping[str, str], routes: Mapping[str, str] | None) -> str:
+    return server_of(row) or route_row(row, urls, routes)

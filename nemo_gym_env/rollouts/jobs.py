@@ -18,10 +18,17 @@ from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.episode import Episode
+from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.errors import ActionError, ServerError
 from nemo_gym_env.policies.base import Policy, PolicyRequest
-from nemo_gym_env.protocol.keys import AGENT_REF_KEY, FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+from nemo_gym_env.protocol.keys import (
+    AGENT_REF_KEY,
+    FAILURE_CLASS_KEY,
+    ROLLOUT_INDEX_KEY,
+    TASK_INDEX_KEY,
+    TASK_KEY_KEY,
+)
+from nemo_gym_env.rollouts.identity import server_of, task_key, task_keys
 
 __all__ = ["RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
 
@@ -74,6 +81,8 @@ class RolloutJob:
         client: The resources server's client.
         policy: The policy playing the model.
         server: The server's name, recorded as ``agent_ref`` when the row has none.
+        task_key: The task's identity (:mod:`~nemo_gym_env.rollouts.identity`), from the row as
+            the dataset holds it; None: the digest of ``row``.
     """
 
     row: dict[str, Any]
@@ -82,6 +91,7 @@ class RolloutJob:
     client: ResourcesClient
     policy: Policy
     server: str | None = None
+    task_key: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -91,6 +101,7 @@ class RolloutJob:
 
 def _stamp(job: RolloutJob, row: dict[str, Any]) -> dict[str, Any]:
     row[TASK_INDEX_KEY] = job.task_index
+    row[TASK_KEY_KEY] = job.task_key if job.task_key is not None else task_key(job.row)
     row[ROLLOUT_INDEX_KEY] = job.rollout_index
     if AGENT_REF_KEY not in row:
         ref = job.row.get(AGENT_REF_KEY)
@@ -111,8 +122,9 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
     Never raises for a failing policy or server: returns a failure row instead (see
     :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
     """
-    episode = Episode(job.client, job.row, job.task_index, max_steps)
     try:
+        traits = await server_traits(job.client)
+        episode = open_episode(traits, job.client, job.row, job.task_index, max_steps)
         observation, info = await episode.start()
     except ServerError as exc:
         return _failure(job, "server_error", str(exc))
@@ -191,7 +203,7 @@ async def collect(
     concurrency: int = 8,
     max_steps: int = 16,
     sampling: Mapping[str, Any] | None = None,
-    skip: Iterable[tuple[int, int]] = (),
+    skip: Iterable[tuple[str, str, int]] = (),
     request_timeout_s: float = 120.0,
     turn_timeout_s: float | None = None,
     server_name: str | None = None,
@@ -206,7 +218,8 @@ async def collect(
         concurrency: Rollouts in flight at once.
         max_steps: Model turns before an episode is verified anyway.
         sampling: Overrides of ``responses_create_params`` (``temperature``, ``top_p``, ``max_output_tokens``).
-        skip: ``(task_index, rollout_index)`` pairs already done (``RolloutWriter.done`` when resuming).
+        skip: Identities already done (``RolloutWriter.done`` when resuming): ``(server, task key,
+            rollout index)``, where server is the row's ``agent_ref.name`` or ``server_name``.
         request_timeout_s: Timeout of each server request.
         turn_timeout_s: Timeout of each policy turn (None: the policy's own).
         server_name: Recorded as ``agent_ref`` on rows without one.
@@ -216,14 +229,16 @@ async def collect(
     """
     client = ResourcesClient(server_url, timeout_s=request_timeout_s, verify_timeout_s=request_timeout_s)
     done = set(skip)
+    keys = task_keys(rows)
 
     def jobs() -> Iterable[RolloutJob]:
-        for position, row in enumerate(rows):
+        for position, (row, key) in enumerate(zip(rows, keys)):
             task_index = int(row.get(TASK_INDEX_KEY, position))
+            server = server_of(row) or server_name or ""
             prepared = apply_sampling(row, sampling)
             for rollout_index in range(num_repeats):
-                if (task_index, rollout_index) not in done:
-                    yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name)
+                if (server, key, rollout_index) not in done:
+                    yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name, key)
 
     async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s):
         yield row

@@ -19,6 +19,7 @@ from typing import IO, Any, Self
 from nemo_gym_env.errors import RolloutFileError
 from nemo_gym_env.launch.redaction import REDACTED, redact
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
+from nemo_gym_env.rollouts.identity import RowKey, legacy_key, row_identity
 
 __all__ = [
     "RolloutFileError",
@@ -27,7 +28,6 @@ __all__ = [
     "is_failure",
     "metrics_path",
     "read_rollouts",
-    "row_key",
     "scan_rollouts",
 ]
 
@@ -47,16 +47,6 @@ def metrics_path(output: str | Path) -> Path:
 def is_failure(row: Mapping[str, Any]) -> bool:
     """Whether a yielded row is a failed rollout (goes to the failures sidecar)."""
     return row.get(FAILURE_CLASS_KEY) is not None
-
-
-def row_key(row: Any) -> tuple[int, int] | None:
-    """``(task index, rollout index)`` of a rollout row; None when it has no integer indices."""
-    if not isinstance(row, dict):
-        return None
-    task, rollout = row.get(TASK_INDEX_KEY), row.get(ROLLOUT_INDEX_KEY)
-    if isinstance(task, bool) or isinstance(rollout, bool) or not isinstance(task, int) or not isinstance(rollout, int):
-        return None
-    return task, rollout
 
 
 def scan_rollouts(path: Path, keep: Callable[[dict[str, Any]], None]) -> tuple[int, int]:
@@ -84,7 +74,7 @@ def scan_rollouts(path: Path, keep: Callable[[dict[str, Any]], None]) -> tuple[i
                     damaged = (number, offset)
                     offset += len(line)
                     continue
-                if row_key(row) is None:
+                if legacy_key(row) is None:
                     raise RolloutFileError(
                         f"{path}:{number}: has no integer {TASK_INDEX_KEY}/{ROLLOUT_INDEX_KEY}; this line is not "
                         "a rollout row. Fix or remove it, or start over without --resume."
@@ -118,20 +108,48 @@ def _truncate(path: Path, size: int) -> None:
         os.fsync(handle.fileno())
 
 
+def _cut_torn_tail(path: Path) -> int:
+    """Cut a last line that has no newline (a write a kill cut short); returns the bytes cut.
+
+    Rows are appended after it, so a torn tail left in place would swallow the next row.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = end = handle.tell()
+            while end > 0:
+                step = min(end, 64 * 1024)
+                handle.seek(end - step)
+                chunk = handle.read(step)
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    end = end - step + newline + 1
+                    break
+                end -= step
+    except FileNotFoundError:
+        return 0
+    if end < size:
+        _truncate(path, end)
+    return size - end
+
+
 class RolloutWriter:
     """Appends output rows (and failures to the sidecar), flushed per row, fsynced periodically.
 
     Args:
         path: The output JSONL; its folder is created.
-        resume: Keep the rows already there (their keys are in :attr:`done`), cutting a torn
-            last line. Otherwise the output and its failures sidecar start empty.
+        resume: Keep the rows already there (their identities are in :attr:`done`), cutting a
+            torn last line of the file and of its sidecar. Otherwise the output and its
+            failures sidecar start empty.
         fsync_interval_s: Longest time between fsyncs (every row is flushed at once).
         secrets: Strings that must never be written (API keys): replaced in failure reasons.
 
     Attributes:
-        done: ``(task_index, rollout_index)`` of every successful row in the file.
+        done: ``(server, task key, rollout index)`` of every successful row in the file
+            (see :mod:`~nemo_gym_env.rollouts.identity`).
+        done_legacy: ``(server, task index, rollout index)`` of rows written without a task key.
         resumed_rows: Rows found in the file when resuming.
-        torn_bytes: Size of the torn last line that was cut off (0 if none).
+        torn_bytes: Size of the torn last line that was cut off the output (0 if none).
     """
 
     def __init__(
@@ -146,24 +164,33 @@ class RolloutWriter:
         self.failures_path = failures_path(self.path)
         self.fsync_interval_s = fsync_interval_s
         self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
-        self.done: set[tuple[int, int]] = set()
+        self.done: set[RowKey] = set()
+        self.done_legacy: set[tuple[str, int, int]] = set()
         self.resumed_rows = 0
         self.torn_bytes = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume and self.path.exists():
-            good, size = scan_rollouts(self.path, lambda row: self.done.add(row_key(row)))
+            good, size = scan_rollouts(self.path, self._remember)
             if size > good:
                 _truncate(self.path, good)
             self.torn_bytes = size - good
-            self.resumed_rows = len(self.done)
+            self.resumed_rows = len(self.done) + len(self.done_legacy)
+            _cut_torn_tail(self.failures_path)
         elif not resume:
             self.path.write_bytes(b"")
             self.failures_path.unlink(missing_ok=True)
+        else:
+            _cut_torn_tail(self.failures_path)
         self._out: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 - held until close()
         self._failures: IO[bytes] | None = None
         self._last_sync = time.monotonic()
         self.written = 0
         self.failed = 0
+
+    def is_done(self, server: str, task_key: str, task_index: int, rollout_index: int) -> bool:
+        """Whether the file already holds this rollout (by identity, or by index for older rows)."""
+        return (server, task_key, rollout_index) in self.done or (
+            bool(self.done_legacy) and (server, task_index, rollout_index) in self.done_legacy)
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one yielded row: an output row, or a failure to the sidecar."""
@@ -177,12 +204,19 @@ class RolloutWriter:
             self.failed += 1
         else:
             handle = self._out
-            self.done.add(row_key(row))
+            self._remember(row)
             self.written += 1
         handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
         handle.flush()
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
             self.sync()
+
+    def _remember(self, row: Mapping[str, Any]) -> None:
+        identity = row_identity(row)
+        if identity is not None:
+            self.done.add(identity)
+        else:
+            self.done_legacy.add(legacy_key(row))
 
     def sync(self) -> None:
         """fsync both files."""

@@ -10,7 +10,7 @@ cannot be built) raises here, before a server is started or a row is written.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,11 @@ from nemo_gym_env.launch.redaction import redact
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
-from nemo_gym_env.rollouts.report import agent_name
+from nemo_gym_env.rollouts.identity import server_of, task_keys
+from nemo_gym_env.rollouts.manifest import RunManifest, file_digest
 from nemo_gym_env.rollouts.settings import RolloutSettings
 
-__all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "load_run_config", "plan_rollouts", "route_row"]
+__all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "Task", "load_run_config", "plan_rollouts", "route_row"]
 
 INSTALL_LOCAL = (
     "the default policy runs the embedded local model (SmolLM2-135M-Instruct) and needs torch and "
@@ -37,6 +38,19 @@ INSTALL_LOCAL = (
 """What to do when the default (local) policy cannot run."""
 
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a run: its row as the dataset holds it, its index there, its identity."""
+
+    index: int
+    """``_ng_task_index``: the row's own, or its position among the valid rows of its dataset."""
+    key: str
+    """``_ng_task_key``: the digest of its content (:mod:`~nemo_gym_env.rollouts.identity`)."""
+    row: dict[str, Any]
+    server: str
+    """The name its rollout rows carry in ``agent_ref``: the row's own, else the target's."""
 
 
 @dataclass
@@ -50,8 +64,8 @@ class Target:
     """How to launch it (None for a running server)."""
     bundled: str | None = None
     """The bundled server it is (its scripted player, its example data), if any."""
-    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    """``(task index, row)`` of every task it plays."""
+    tasks: list[Task] = field(default_factory=list)
+    """Every task it plays."""
 
 
 @dataclass
@@ -69,7 +83,23 @@ class RolloutPlan:
     @property
     def num_tasks(self) -> int:
         """Tasks over every target."""
-        return sum(len(t.rows) for t in self.targets.values())
+        return sum(len(t.tasks) for t in self.targets.values())
+
+    def manifest(self) -> RunManifest:
+        """What makes this run's rows comparable with another's (see :mod:`~nemo_gym_env.rollouts.manifest`)."""
+        settings = self.settings
+        policy: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "openai":
+            policy.update(model=settings.model or config_value(self.cfg, "policy_model_name"), api=settings.api)
+        elif self.kind == "local":
+            policy["model"] = settings.model or "embedded"
+        if settings.input:
+            inputs = {str(settings.input): file_digest(settings.input)}
+        else:
+            inputs = {f"bundled:{t.bundled}": file_digest(bundled_dataset(t.bundled))
+                      for t in self.targets.values() if t.bundled is not None}
+        return RunManifest(num_repeats=settings.num_repeats, policy=policy, sampling=dict(settings.sampling),
+                           inputs=inputs)
 
     def describe_policy(self) -> str:
         """The policy in one line for the log (no secret)."""
@@ -95,7 +125,7 @@ def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[st
         ValueError: several servers and the row names none of them.
     """
     names = list(servers)
-    wanted = agent_name(row)
+    wanted = server_of(row)
     wanted = (routes or {}).get(wanted, wanted) if wanted is not None else None
     if wanted in names:
         return wanted
@@ -133,7 +163,7 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
         if settings.strict:
             raise UsageError(f"{len(problems)} invalid row(s); fix them (see `nemo-gym-env validate`) or drop --strict")
         say(f"skipping {len(problems)} invalid row(s); the valid ones run (--strict stops instead)")
-    targets = {n: t for n, t in targets.items() if t.rows}
+    targets = {n: t for n, t in targets.items() if t.tasks}
     if not targets:
         raise UsageError("no valid task rows to run")
     plan = RolloutPlan(settings, cfg, kind, targets)
@@ -175,43 +205,52 @@ def _targets(settings: RolloutSettings, names: list[str], cfg: Any) -> dict[str,
 
 def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
                  routes: dict[str, str]) -> list[tuple[str, int, str]]:
-    """Fill each target's rows (task index, row); return the problems (path, line, reason)."""
+    """Fill each target's tasks; return the problems (path, line, reason).
+
+    A task's index is its row's ``_ng_task_index`` or its position among the valid rows of its
+    own dataset (the ``--input`` file, or one server's example data), so the same dataset
+    always numbers its tasks the same way, whichever other servers run beside it.
+    """
     problems: list[tuple[str, int, str]] = []
 
-    def read(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
+    def read(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
         if not Path(path).is_file():
             raise UsageError(f"dataset {str(path)!r} not found")
-        taken = 0
+        taken: list[tuple[int, dict[str, Any]]] = []
         for number, row, problem in iter_rows(path):
-            if settings.limit is not None and taken >= settings.limit:
-                return
+            if settings.limit is not None and len(taken) >= settings.limit:
+                break
             index = row.get(TASK_INDEX_KEY) if row is not None else None
             if problem is None and index is not None and (isinstance(index, bool) or not isinstance(index, int)):
                 problem = f"{TASK_INDEX_KEY} must be an integer, got {index!r}"
             if problem is not None:
                 problems.append((str(path), number, problem))
                 continue
-            taken += 1
-            yield number, row
+            taken.append((number, row))
+        return taken
+
+    def add(target: Target, position: int, key: str, row: dict[str, Any]) -> None:
+        index = int(row.get(TASK_INDEX_KEY, position))
+        target.tasks.append(Task(index, key, row, server_of(row) or target.name))
 
     if settings.input:
+        rows = read(settings.input)
         position = 0
-        for number, row in read(settings.input):
+        for (number, row), key in zip(rows, task_keys(row for _, row in rows)):
             try:
                 target = targets[route_row(row, targets, routes)]
             except ValueError as exc:
                 problems.append((settings.input, number, f"{exc}; set it, or choose a server with --server"))
                 continue
-            target.rows.append((int(row.get(TASK_INDEX_KEY, position)), row))
+            add(target, position, key, row)
             position += 1
         return problems
-    offset = 0
     for target in targets.values():
         if target.bundled is None:
             raise UsageError(f"server {target.name!r} has no bundled example data; pass --input tasks.jsonl")
-        for number, row in read(bundled_dataset(target.bundled)):
-            target.rows.append((int(row.get(TASK_INDEX_KEY, offset)), row))
-            offset += 1
+        rows = read(bundled_dataset(target.bundled))
+        for position, ((_, row), key) in enumerate(zip(rows, task_keys(row for _, row in rows))):
+            add(target, position, key, row)
     return problems
 
 

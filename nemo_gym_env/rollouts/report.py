@@ -15,37 +15,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from nemo_gym_env.protocol.keys import AGENT_REF_KEY, TASK_INDEX_KEY
+from nemo_gym_env.protocol.keys import TASK_KEY_KEY
 from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields
-from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, row_key, scan_rollouts
+from nemo_gym_env.rollouts.identity import legacy_key, row_identity
+from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, scan_rollouts
 
-__all__ = ["Progress", "agent_name", "metrics_table", "summarize", "text_table", "write_metrics"]
-
-
-def agent_name(row: Mapping[str, Any]) -> str | None:
-    """The server (or agent) a row names in ``agent_ref.name``; None when it names none."""
-    ref = row.get(AGENT_REF_KEY)
-    name = ref.get("name") if isinstance(ref, Mapping) else None
-    return name if isinstance(name, str) and name else None
-
-
-def _server_of(row: Mapping[str, Any]) -> str:
-    return agent_name(row) or "all"
+__all__ = ["Progress", "metrics_table", "summarize", "text_table", "write_metrics"]
 
 
 def summarize(output: str | Path) -> dict[str, Any]:
     """Aggregate metrics of a rollouts file, overall and per server (``agent_ref.name``).
 
-    Failures still standing (in the sidecar, with no output row of the same key) are counted
-    as ``num_failed``. The result is what ``<output stem>_metrics.json`` holds.
+    Rollouts of one task are grouped by the task's identity (its key; the task index for rows
+    written without one), per server. Failures still standing (in the sidecar, with no output
+    row of the same identity) are counted once each as ``num_failed``. The result is what
+    ``<output stem>_metrics.json`` holds. Both files are streamed: only the numbers the metrics
+    need are kept.
     """
     output = Path(output)
     slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    keys = set()
+    finished = set()
 
-    def keep(row: dict[str, Any]) -> None:  # only what the metrics need: a huge file never sits in memory
-        keys.add(row_key(row))
-        slim[_server_of(row)].append({**numeric_fields(row), TASK_INDEX_KEY: row[TASK_INDEX_KEY]})
+    def keep(row: dict[str, Any]) -> None:
+        identity = _identity(row)
+        finished.add(identity)
+        server, task = identity[0], identity[1]
+        slim[server].append({**numeric_fields(row), TASK_KEY_KEY: task, _TOTAL_GROUP: f"{server}/{task}"})
 
     if output.exists():
         scan_rollouts(output, keep)
@@ -53,25 +48,25 @@ def summarize(output: str | Path) -> dict[str, Any]:
     sidecar = failures_path(output)
     if sidecar.exists():
         with open(sidecar, encoding="utf-8", errors="replace") as lines:
-            failures = [line for line in lines if line.strip()]
-        for line in failures:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            key = row_key(row)
-            if key is not None and key not in keys:
-                failed[_server_of(row)].add(key)
+            for line in lines:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a torn line a kill left behind: the rollout is retried by --resume
+                if isinstance(row, dict) and legacy_key(row) is not None:
+                    identity = _identity(row)
+                    if identity not in finished:
+                        failed[identity[0]].add(identity)
     everything = [r for group in slim.values() for r in group]
     summary: dict[str, Any] = {
         "output": str(output),
         "num_rollouts": len(everything),
         "num_failed": sum(len(v) for v in failed.values()),
-        **aggregate_metrics(everything).model_dump(),
+        **aggregate_metrics(everything, group_key=_TOTAL_GROUP).model_dump(),
         "per_server": {},
     }
     for name in sorted(set(slim) | set(failed)):
-        metrics = aggregate_metrics(slim.get(name, []))
+        metrics = aggregate_metrics(slim.get(name, []), group_key=TASK_KEY_KEY)
         summary["per_server"][name] = {
             "num_rollouts": len(slim.get(name, [])),
             "num_failed": len(failed.get(name, ())),
@@ -79,6 +74,20 @@ def summarize(output: str | Path) -> dict[str, Any]:
             "key_metrics": metrics.key_metrics,
         }
     return summary
+
+
+_TOTAL_GROUP = "_task"  # server and task together: two servers' tasks never share a group
+
+
+def _identity(row: Mapping[str, Any]) -> tuple[str, str, int]:
+    """``(server, task, rollout index)``; the task is its key, or ``"#<index>"`` for older rows."""
+    identity = row_identity(row)
+    if identity is not None:
+        server, task, rollout = identity
+    else:
+        server, index, rollout = legacy_key(row)
+        task = f"#{index}"
+    return server or "all", task, rollout
 
 
 def write_metrics(output: str | Path) -> dict[str, Any]:

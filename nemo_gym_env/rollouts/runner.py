@@ -3,7 +3,7 @@
 :func:`run_plan` is the whole of ``nemo-gym-env rollouts`` after planning::
 
     plan = plan_rollouts(settings)
-    with RolloutWriter(settings.output, resume=settings.resume) as writer:
+    with open_output(plan) as writer:
         stopped = run_plan(plan, writer)
     summary = write_metrics(settings.output)
 
@@ -20,16 +20,52 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
+from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.launch.signals import Stopped
 from nemo_gym_env.policies.base import Policy
 from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
-from nemo_gym_env.rollouts.output import RolloutWriter
+from nemo_gym_env.rollouts.manifest import differences, read_manifest, write_manifest
+from nemo_gym_env.rollouts.output import RolloutWriter, failures_path
 from nemo_gym_env.rollouts.plan import RolloutPlan
 from nemo_gym_env.rollouts.report import Progress
 
-__all__ = ["run_plan"]
+__all__ = ["open_output", "run_plan"]
+
+
+def open_output(plan: RolloutPlan, *, secrets: Iterable[str] = (),
+                say: Callable[[str], None] = lambda message: None) -> RolloutWriter:
+    """The run's :class:`RolloutWriter`, after checking a resume against the file's manifest.
+
+    A fresh run starts the file (and its sidecars) over; a resume keeps its rows, and is refused
+    when the file was written with settings that make the new rows incomparable (see
+    :mod:`~nemo_gym_env.rollouts.manifest`) unless ``allow_changes`` is set. Either way this
+    run's manifest is recorded before the first row is written.
+
+    Raises:
+        UsageError: a resume with other settings, naming every difference.
+    """
+    settings = plan.settings
+    output = Path(settings.output)
+    manifest = plan.manifest()
+    written = any(path.is_file() and path.stat().st_size for path in (output, failures_path(output)))
+    if settings.resume and written:  # (an empty file holds nothing its settings could disagree with)
+        old = read_manifest(output)
+        if old is None:
+            say(f"{output} has no run manifest (written by an older version): its settings are not checked")
+        else:
+            changed = differences(old, manifest)
+            if changed and not settings.allow_changes:
+                raise UsageError(f"--resume: {output} was written with other settings: {'; '.join(changed)}. "
+                                 "Write to another --output, or pass --allow-changes to add rows anyway")
+            for difference in changed:
+                say(f"resuming despite a difference (--allow-changes): {difference}")
+            manifest = manifest.merged(old)
+    writer = RolloutWriter(output, resume=settings.resume, secrets=secrets)
+    write_manifest(output, manifest)
+    return writer
 
 
 def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], None] = lambda message: None,
@@ -41,13 +77,16 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     settings, targets = plan.settings, plan.targets
     repeats = settings.num_repeats
     expected = plan.num_tasks * repeats
-    todo = {n: [(ti, row) for ti, row in t.rows if any((ti, r) not in writer.done for r in range(repeats))]
-            for n, t in targets.items()}
-    remaining = sum(1 for t in targets.values() for ti, _ in t.rows for r in range(repeats) if (ti, r) not in writer.done)
+    # What is missing, by identity (server, task, repeat): whatever else the file holds, and
+    # whichever order the tasks come in, exactly these run.
+    todo = {n: [(task, [r for r in range(repeats) if not writer.is_done(task.server, task.key, task.index, r)])
+                for task in t.tasks] for n, t in targets.items()}
+    todo = {n: [(task, missing) for task, missing in tasks if missing] for n, tasks in todo.items()}
+    remaining = sum(len(missing) for tasks in todo.values() for _, missing in tasks)
     stopped: list[int] = []
     launcher = None
     try:
-        to_launch = [targets[n].spec for n, rows in todo.items() if rows and targets[n].url is None]
+        to_launch = [targets[n].spec for n, tasks in todo.items() if tasks and targets[n].url is None]
         if to_launch:
             started = time.monotonic()
             launcher = Launcher(auto_restart=True, stream_logs=settings.stream_logs, log_dir=settings.log_dir)
@@ -62,12 +101,11 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         sampling = settings.sampling
 
         def jobs() -> Iterator[RolloutJob]:
-            for n, rows in todo.items():
-                for ti, row in rows:
-                    prepared = apply_sampling(row, sampling)
-                    for r in range(repeats):
-                        if (ti, r) not in writer.done:
-                            yield RolloutJob(prepared, ti, r, clients[n], plan.policies[n], n)
+            for n, tasks in todo.items():
+                for task, missing in tasks:
+                    prepared = apply_sampling(task.row, sampling)
+                    for r in missing:
+                        yield RolloutJob(prepared, task.index, r, clients[n], plan.policies[n], n, task.key)
 
         progress = Progress(expected, initial=expected - remaining)
         try:

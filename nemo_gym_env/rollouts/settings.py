@@ -81,6 +81,9 @@ class RolloutSettings:
     """Policy turn timeout, seconds (None: the policy's own)."""
     resume: bool = False
     """Continue the output file: run only the rollouts not already in it."""
+    allow_changes: bool = False
+    """With ``resume``: add rows even when the file was written with other settings (repeats,
+    policy, sampling, a changed dataset); without it such a resume is refused."""
 
     def __post_init__(self) -> None:
         for name, low in (("num_repeats", 1), ("concurrency", 1), ("limit", 1), ("max_steps", 1),

@@ -35,7 +35,7 @@ import os
 import secrets
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -44,6 +44,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
 from nemo_gym_env.protocol.metrics import aggregate_metrics
 from nemo_gym_env.protocol.types import (
+    RELEASES_SESSION,
     RESERVED_ROUTES,
     AggregateMetrics,
     AggregateMetricsRequest,
@@ -55,14 +56,37 @@ from nemo_gym_env.protocol.types import (
 from nemo_gym_env.server.middleware import (
     SESSION_ID_KEY,
     BodyLimitMiddleware,
+    CatchAllMiddleware,
     SessionIdMiddleware,
+    TypedSeedMiddleware,
     guard_verify,
     install_error_handlers,
 )
 from nemo_gym_env.server.serving import serve_server
 from nemo_gym_env.server.sessions import SessionStore
 
-__all__ = ["BaseResourcesServerConfig", "SimpleResourcesServer"]
+__all__ = ["LIVENESS_ROUTES", "BaseResourcesServerConfig", "CloseSessionRequest", "SimpleResourcesServer"]
+
+LIVENESS_ROUTES = ("/", "/health", "/healthz", "/readyz", "/livez")
+"""Where a server answers ``{"status": "ok"}`` (``GET /`` and NeMo Gym 0.7's health routes)."""
+
+
+class EpisodeId(BaseModel):
+    """NeMo Gym 0.7's episode identity: a rollout id and the attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str
+    attempt: int = 0
+
+
+class CloseSessionRequest(BaseModel):
+    """Body of ``POST /close_session``: NeMo Gym 0.7's ids (echoed), or ``{}``; the cookie names the session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str | None = None
+    episode_id: EpisodeId | None = None
 
 
 class BaseResourcesServerConfig(BaseModel):
@@ -90,11 +114,20 @@ class BaseResourcesServerConfig(BaseModel):
 class SimpleResourcesServer(BaseModel):
     """Base class of every resources server; see the module docstring for an example.
 
+    Besides the tools a subclass adds: ``/seed_session`` (the row, or NeMo Gym 0.7's typed
+    body ``{resources_session_id, episode_id, task_id, task_data}``), ``/verify``,
+    ``/aggregate_metrics``, ``/close_session`` (frees the cookie's session; idempotent),
+    ``GET /reverify_mode`` (:attr:`REVERIFY_MODE`: ``"stateless"`` when ``/verify`` needs nothing
+    but its body, so a stored rollout can be scored again) and the liveness routes.
+
     Subclasses add pydantic fields for their state (as in NeMo Gym) or keep per-session
     state in :attr:`sessions`, which is bounded and freed after ``/verify``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    REVERIFY_MODE: ClassVar[str] = "unknown"
+    """``"stateless"``, ``"unsupported"`` or ``"unknown"`` (NeMo Gym 0.7's ``GET /reverify_mode``)."""
 
     config: BaseResourcesServerConfig = Field(default_factory=BaseResourcesServerConfig)
     server_client: Any = None
@@ -157,10 +190,22 @@ class SimpleResourcesServer(BaseModel):
         """Create the app with the standard routes; subclasses call super() then add tools."""
         app = FastAPI(title=type(self).__name__, docs_url=None, redoc_url=None)
         self.setup_session_middleware(app)
+        app.add_middleware(TypedSeedMiddleware)
         app.post("/seed_session")(self.seed_session)
-        app.post("/verify")(guard_verify(self.verify))
+        # Marked so that clients know: the session's state is freed here, /close_session is not needed.
+        app.post("/verify", openapi_extra={RELEASES_SESSION: True})(guard_verify(self.verify))
         app.post("/aggregate_metrics")(self.aggregate_metrics)
+        app.post("/close_session")(self._close_session_route)
+        app.get("/reverify_mode")(self._reverify_mode_route)
         return app
+
+    async def _close_session_route(self, request: Request, body: CloseSessionRequest) -> dict[str, Any]:
+        # The state is keyed by the session cookie; the body's ids are echoed (NeMo Gym 0.7's contract).
+        self.release_session(self.session_id(request))
+        return {"resources_session_id": body.resources_session_id} if body.resources_session_id else {}
+
+    async def _reverify_mode_route(self) -> str:
+        return type(self).REVERIFY_MODE
 
     def setup_session_middleware(self, app: FastAPI) -> None:
         """Signed cookie sessions; every request gets a session id, ``/verify`` releases it."""
@@ -175,11 +220,13 @@ class SimpleResourcesServer(BaseModel):
         )
 
     def setup_liveness(self, app: FastAPI) -> None:
-        """``GET /`` answers ``{"status": "ok"}``."""
+        """``GET /`` (and NeMo Gym 0.7's ``/health``, ``/healthz``, ``/readyz``, ``/livez``) answer ``{"status": "ok"}``."""
 
-        @app.get("/", include_in_schema=False)
         async def _liveness() -> dict[str, str]:
             return {"status": "ok"}
+
+        for path in LIVENESS_ROUTES:
+            app.get(path, include_in_schema=False)(_liveness)
 
     async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
         """Start an episode; the body is the whole dataset row. Override to set up state."""
@@ -207,7 +254,9 @@ class SimpleResourcesServer(BaseModel):
         """The complete app: ``setup_webserver`` plus liveness, error handling and body limits."""
         app = self.setup_webserver()
         self.setup_liveness(app)
-        install_error_handlers(app, f"{type(self).__name__} ({self.config.name})")
+        server_name = f"{type(self).__name__} ({self.config.name})"
+        install_error_handlers(app, server_name)
+        app.add_middleware(CatchAllMiddleware, server_name=server_name)
         app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes)
         return app
 

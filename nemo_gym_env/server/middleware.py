@@ -7,7 +7,8 @@ author never touches them. What they do, and why:
   with ``failure_kind``/``failure_reason`` instead of a 500 that would fail a training batch;
 - :func:`install_error_handlers`: a bad body gets a 422 whose ``error`` names the server, the
   route and the field; a lost session 410; a body nested too deeply or holding what JSON cannot
-  encode 400; anything else 500 with the exception's type, logged with its traceback;
+  encode 400; :class:`CatchAllMiddleware`: anything else 500 with the exception's type, logged
+  with its traceback, and the connection kept open;
 - :class:`SessionIdMiddleware`: every request's signed session holds an id, a cookie this launch
   did not sign meets :class:`LostSession` (410 on any read of the id), and ``/verify`` frees the
   session's state;
@@ -37,8 +38,10 @@ from nemo_gym_env.protocol.types import BaseVerifyRequest
 __all__ = [
     "SESSION_ID_KEY",
     "BodyLimitMiddleware",
+    "CatchAllMiddleware",
     "LostSession",
     "SessionIdMiddleware",
+    "TypedSeedMiddleware",
     "guard_verify",
     "install_error_handlers",
     "zero_reward_reply",
@@ -104,12 +107,8 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
             {"error": f"{server_name}: body of POST {request.url.path} is nested too deeply"}, status_code=400
         )
 
-    @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("%s: POST %s raised: %s", server_name, request.url.path, traceback.format_exc())
-        return JSONResponse(
-            {"error": f"{server_name}: {request.url.path} failed: {type(exc).__name__}: {exc}"}, status_code=500
-        )
+        return _failed_reply(server_name, request.url.path, exc)
 
     # A reply that echoes the body (``/verify`` does) cannot be encoded when the body held a lone
     # UTF-16 surrogate escape ("\ud800") or was nested past the serializer's depth limit: the
@@ -125,6 +124,44 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
         else:
             return await _unhandled(request, exc)
         return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
+
+
+def _failed_reply(server_name: str, path: str, exc: BaseException) -> JSONResponse:
+    logger.error("%s: POST %s raised: %s", server_name, path, "".join(traceback.format_exception(exc)))
+    return JSONResponse({"error": f"{server_name}: {path} failed: {type(exc).__name__}: {exc}"}, status_code=500)
+
+
+class CatchAllMiddleware:
+    """Pure ASGI: a route that raises gets a 500 naming the error, and its connection lives on.
+
+    Starlette's catch-all handler answers 500 but then raises the error again to the server,
+    which closes the connection; a client that had already taken that keep-alive connection for
+    its next request then meets a reset, for a request that never reached a route. Caught here,
+    inside that handler, the error never gets that far. (A route that fails after its reply has
+    started cannot be answered again: that error goes on as before.)
+    """
+
+    def __init__(self, app: Any, server_name: str):
+        self.app = app
+        self.server_name = server_name
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - every route error becomes a reply, not a dropped connection
+            if started:
+                raise
+            await _failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
 
 
 class LostSession(dict):
@@ -191,6 +228,109 @@ class SessionIdMiddleware:
                 self.release_session(session_id)
 
 
+class TypedSeedMiddleware:
+    """Pure ASGI: ``/seed_session`` also takes NeMo Gym 0.7's typed body, for every server.
+
+    ``{resources_session_id, episode_id: {rollout_id, attempt}, task_id: {taskset, task_id},
+    task_data}`` is checked (a 422 names the field; NeMo Gym silently treats a malformed typed
+    body as a row), then the server's own ``seed_session`` gets ``task_data`` as the row it
+    always gets, and a successful reply becomes ``{resources_session_id, resources_tools: null,
+    sandbox_access: null}``, its cookie kept. A row body passes untouched.
+    """
+
+    TYPED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/seed_session" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        typed = _typed_seed(body)
+        if typed is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        problem, session_id, row = typed
+        if problem is not None:
+            await _send_json(send, 422, {"error": f"POST /seed_session: invalid typed seed body: {problem}"})
+            return
+        row_bytes = json.dumps(row).encode()
+        scope = {**scope, "headers": [(k, str(len(row_bytes)).encode() if k == b"content-length" else v)
+                                      for k, v in scope.get("headers", ())]}
+        start: dict | None = None
+
+        async def rewrite(message: dict) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] == "http.response.body" and start is not None:
+                if message.get("more_body", False):
+                    return  # seed replies are small: the whole body is rebuilt below
+                status = start["status"]
+                reply = (json.dumps({"resources_session_id": session_id, "resources_tools": None,
+                                     "sandbox_access": None}).encode() if 200 <= status < 300
+                         else message.get("body", b""))
+                headers = [(k, str(len(reply)).encode() if k == b"content-length" else v)
+                           for k, v in start.get("headers", [])]
+                await send({**start, "headers": headers})
+                await send({"type": "http.response.body", "body": reply})
+                return
+            await send(message)
+
+        await self.app(scope, _replay(row_bytes, receive), rewrite)
+
+
+def _typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
+    """``(problem or None, resources_session_id, row)`` of a typed seed body; None for a row body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the route's own validation answers it
+    if not isinstance(data, dict) or "resources_session_id" not in data or "task_data" not in data:
+        return None
+    session_id = data.get("resources_session_id")
+    extra = sorted(set(data) - TypedSeedMiddleware.TYPED_KEYS)
+    episode, task = data.get("episode_id"), data.get("task_id")
+    if extra:
+        return f"unknown field(s) {extra}", "", {}
+    if not isinstance(session_id, str) or not session_id:
+        return "resources_session_id: a non-empty string is required", "", {}
+    if not isinstance(episode, dict) or not isinstance(episode.get("rollout_id"), str) or not isinstance(
+            episode.get("attempt", 0), int) or isinstance(episode.get("attempt", 0), bool):
+        return "episode_id: {rollout_id: str, attempt: int} is required", "", {}
+    if not isinstance(task, dict) or not all(isinstance(task.get(k), str) and task.get(k) for k in ("taskset",
+                                                                                                     "task_id")):
+        return "task_id: {taskset: str, task_id: str} is required", "", {}
+    if not isinstance(data["task_data"], dict):
+        return "task_data: a JSON object (the task's row) is required", "", {}
+    return None, session_id, data["task_data"]
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that hands the app ``body`` (already read), then the connection's own messages."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over the limit with 413, before reading them whole.
 
@@ -233,17 +373,7 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
 
 
 def _too_large(scope: dict, limit: int) -> dict[str, str]:

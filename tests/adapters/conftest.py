@@ -1,4 +1,5 @@
-"""Fixtures of the adapter tests. TRL's: the secret-words test server, its rows, the real tokenizer."""
+"""Fixtures shared by the adapter tests (``trl/`` and ``nemo_rl/``): the secret-words test server, its rows,
+the real tokenizer."""
 
 from __future__ import annotations
 

@@ -112,7 +112,8 @@ def test_local_policy_short_generations(tmp_path):
     assert "policy local:" in result.stderr
 
     # With no --policy, the local model is the default (nothing left to run here: --resume).
-    again = run_cli("rollouts", ONE, "--limit", "2", "-o", str(out), "--resume", timeout=900)
+    again = run_cli("rollouts", ONE, "--limit", "2", "--max-output-tokens", "16", "-o", str(out), "--resume",
+                    timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "loading the local model" in again.stderr
     assert len(read_jsonl(out)) == 2

@@ -43,13 +43,10 @@ def test_scripted_rollouts_on_every_bundled_server(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_jsonl(out)
     servers = _playable()
-    expected, offset = set(), 0
-    for server in servers:
-        n = _tasks(server)
-        expected |= {(offset + t, r) for t in range(n) for r in range(2)}
-        offset += n
+    # Each server's tasks are numbered in its own dataset; a rollout is (server, task, repeat).
+    expected = {(server, t, r) for server in servers for t in range(_tasks(server)) for r in range(2)}
     assert len(rows) == len(expected) == sum(_tasks(s) for s in servers) * 2
-    assert set(_keys(rows)) == expected
+    assert {(r["agent_ref"]["name"], r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows} == expected
     assert all(r["reward"] == 1.0 for r in rows), [r["reward"] for r in rows]
     assert Counter(r["agent_ref"]["name"] for r in rows) == {s: _tasks(s) * 2 for s in servers}
     assert all("response" in r and r["response"]["output"] for r in rows)  # the /verify reply, episode included
@@ -266,7 +263,7 @@ def test_limit_sampling_overrides_and_output_format(tmp_path):
     assert sorted(_keys(rows)) == [(t, r) for t in range(2) for r in range(3)]
     params = rows[0]["responses_create_params"]
     assert (params["temperature"], params["top_p"], params["max_output_tokens"]) == (0.3, 0.9, 77)
-    assert list(rows[0])[-3:] == ["_ng_task_index", "_ng_rollout_index", "agent_ref"]
+    assert list(rows[0])[-4:] == ["_ng_task_index", "_ng_task_key", "_ng_rollout_index", "agent_ref"]
 
 
 @pytest.mark.parametrize(

@@ -17,14 +17,15 @@ def test_dataset_rows_checked_with_line_numbers(tmp_path):
         "{not json",
         json.dumps({"prompt": "no params"}),
         "",
-        json.dumps({"responses_create_params": {"input": "x", "bogus": 1}}),
+        json.dumps({"responses_create_params": {"input": "x", "temperature": "hot"}}),
         json.dumps([1, 2]),
+        json.dumps({"responses_create_params": {"input": "y", "bogus": 1}}),  # an unknown key is kept, not refused
     ]))
     problems = {n: p for n, _, p in iter_rows(path) if p}
     assert sorted(problems) == [2, 3, 5, 6]
-    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "bogus" in problems[5]
+    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "temperature" in problems[5]
     with pytest.raises(DatasetError, match="line 2"):
         load_rows(path)
-    assert len(load_rows(path, strict=False)) == 1
+    assert len(load_rows(path, strict=False)) == 2
     assert check_row({"responses_create_params": {"input": "hi"}}) is None
     assert input_items({"responses_create_params": {"input": "hi"}}) == [{"role": "user", "content": "hi", "type": "message"}]

@@ -40,13 +40,19 @@ def test_training_token_fields_select_the_training_variant():
     assert isinstance(parsed, FunctionCallForTraining) and parsed.generation_token_ids == [3]
 
 
-def test_run_request_keeps_ground_truth_and_rejects_unknown_create_params():
+def test_run_request_keeps_ground_truth_and_unknown_create_params_and_checks_known_ones():
     row = {"responses_create_params": {"input": [{"role": "user", "content": "q"}]}, "expected_answer": "4"}
     request = BaseRunRequest.model_validate(row)
     assert isinstance(request.responses_create_params.input[0], InputMessage)
     assert request.model_dump()["expected_answer"] == "4"
-    with pytest.raises(ValidationError, match="temprature"):
-        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "temprature": 1}})
+    # NeMo Gym 0.7's agent adds keys 0.4's did not: they are kept and passed on, whatever they are.
+    newer = {"input": "q", "context_management": None, "prompt_cache_key": None, "stream_options": None,
+             "future_key": {"x": 1}}
+    dumped = BaseRunRequest.model_validate({"responses_create_params": newer}).model_dump()
+    assert dumped["responses_create_params"]["future_key"] == {"x": 1} and "stream_options" in dumped[
+        "responses_create_params"]
+    with pytest.raises(ValidationError, match="temperature"):  # a field we read is still checked
+        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "temperature": "warm"}})
 
 
 def test_verify_response_echoes_the_request():

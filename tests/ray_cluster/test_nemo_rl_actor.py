@@ -15,7 +15,7 @@ import pytest
 
 from nemo_gym_env.adapters.nemo_rl import actor_class, spinup_actor
 
-from ..adapters.test_nemo_rl import assert_layout, nemo_rl_consume
+from ..adapters.nemo_rl.layout import assert_layout, nemo_rl_consume
 from ..conftest import example_rows
 from .players import TokenPolicyFactory
 

@@ -47,16 +47,17 @@ SERVER = "example_multi_step"
 
 
 class _Requests:
-    """Wraps a client's ``post_raw`` to time every request; optionally SIGKILLs a server's process
-    group as request number ``kill_at`` starts (the requests already sent are the ones it interrupts).
+    """Wraps a client's ``post_bytes`` (every POST goes through it) to time every request; optionally
+    SIGKILLs a server's process group as request number ``kill_at`` starts (the requests already
+    sent are the ones it interrupts).
     """
 
     def __init__(self, client: ResourcesClient, *, kill_pid: int | None = None, kill_at: int | None = None):
-        self.inner, self.kill_pid, self.kill_at = client.post_raw, kill_pid, kill_at
+        self.inner, self.kill_pid, self.kill_at = client.post_bytes, kill_pid, kill_at
         self.count = 0
         self.killed_at: float | None = None
         self.latencies: list[float] = []
-        client.post_raw = self  # type: ignore[method-assign]
+        client.post_bytes = self  # type: ignore[method-assign]
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.count += 1

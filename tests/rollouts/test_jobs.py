@@ -7,6 +7,7 @@ import asyncio
 from nemo_gym_env.launch.catalog import bundled_dataset
 from nemo_gym_env.policies import Policy, PolicyRequest, PolicyTurn, ScriptedPolicy
 from nemo_gym_env.protocol.dataset import load_rows
+from nemo_gym_env.rollouts.identity import task_keys
 from nemo_gym_env.rollouts.jobs import apply_sampling, collect
 from nemo_gym_env.rollouts.output import is_failure
 
@@ -32,8 +33,9 @@ def test_collect_against_a_launched_server(launched):
     async def run(policy, **kwargs):
         return [row async for row in collect(rows, policy, launched[server], server_name=server, **kwargs)]
 
-    results = asyncio.run(run(ScriptedPolicy(server), num_repeats=3, concurrency=4, skip={(0, 0), (4, 2)},
-                              sampling={"temperature": 0.5}))
+    keys = task_keys(rows)
+    results = asyncio.run(run(ScriptedPolicy(server), num_repeats=3, concurrency=4,
+                              skip={(server, keys[0], 0), (server, keys[4], 2)}, sampling={"temperature": 0.5}))
     keys = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in results}
     assert keys == {(t, r) for t in range(5) for r in range(3)} - {(0, 0), (4, 2)}
     assert len(results) == 13 and all(r["reward"] == 1.0 and not is_failure(r) for r in results)

@@ -8,7 +8,7 @@ from nemo_gym_env.rollouts.report import Progress
 
 
 def _row(task: int, rollout: int, reward: float = 1.0, server: str = "s") -> dict:
-    return {"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": reward,
+    return {"_ng_task_index": task, "_ng_task_key": f"t{task}", "_ng_rollout_index": rollout, "reward": reward,
             "agent_ref": {"type": "resources_servers", "name": server}}
 
 

@@ -1,4 +1,4 @@
-"""Test server of the TRL adapter: secret words the model looks up with a tool.
+"""Test server of the adapter tests (TRL and NeMo RL): secret words the model looks up with a tool.
 
 ``/seed_session`` stores the row's ``words`` in the session. ``POST /get_word {"n": int}``
 answers ``{"word": words[n - 1]}`` from the session, or an error when the call carries no

@@ -20,8 +20,8 @@ from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.rollouts.jobs import RolloutJob, run_rollout
 from nemo_gym_env.rollouts.output import is_failure
 
-from .conftest import secret_rows
-from .test_nemo_rl import assert_layout, assert_masks_cover_generations, nemo_rl_consume
+from ..conftest import secret_rows
+from .layout import assert_layout, assert_masks_cover_generations, nemo_rl_consume
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import torch
 import nemo_gym_env  # noqa: F401
 from nemo_gym_env.adapters.trl import env_reward, nemo_gym_environment, nemo_gym_rollout_func, tasks_dataset
 
-from .conftest import secret_rows, secret_spec, verify_log
+from ..conftest import secret_rows, secret_spec, verify_log
 
 # Minutes each on an idle 2-core machine; a machine shared with other jobs can take several times longer.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

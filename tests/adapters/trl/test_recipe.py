@@ -14,7 +14,7 @@ pytest.importorskip("trl")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "trl_grpo.py"
+RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "trl_grpo.py"
 
 
 def test_recipe_trains_one_step_on_cpu(tmp_path, model_dir):

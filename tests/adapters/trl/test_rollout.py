@@ -7,7 +7,6 @@ independent rendering of the conversation in SmolLM2's chat format.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,7 +15,6 @@ pytest.importorskip("trl")
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
 from nemo_gym_env.adapters.trl import (
-    TASK_KEY,
     env_reward,
     env_rows,
     nemo_gym_rollout_func,
@@ -25,7 +23,7 @@ from nemo_gym_env.adapters.trl import (
 from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.render import hermes_tools_block as _hermes_tools_block
 
-from .conftest import TARGET, secret_rows, secret_spec, tool_call_text, verify_log
+from ..conftest import TARGET, secret_rows, secret_spec, tool_call_text, verify_log
 
 END = "<|im_end|>"
 
@@ -78,34 +76,6 @@ def full_render(tokenizer, row: dict, assistant_and_tool: list[dict]) -> str:
     system = {"role": "system", "content": _hermes_tools_block(tools_to_chat(row["responses_create_params"]["tools"]))}
     return tokenizer.apply_chat_template([system, *row["responses_create_params"]["input"], *assistant_and_tool],
                                          tokenize=False)
-
-
-# ---- tasks_dataset --------------------------------------------------------------------------------
-
-
-def test_tasks_dataset_from_every_kind_of_source(rows_file):
-    by_id = tasks_dataset("NemoGym/example_multi_step-v0")
-    by_name = tasks_dataset("example_multi_step")
-    assert by_id["task"] == by_name["task"]
-    assert len(by_id) == len(env_rows("NemoGym/example_multi_step-v0"))
-    first = by_id[0]
-    assert [m["role"] for m in first["prompt"]] == ["system", "user"]
-    assert json.loads(first["task"]) == env_rows("example_multi_step")[0]
-    assert first["prompt"][0][TASK_KEY] == first["task"] and first["prompt"][1][TASK_KEY] is None
-
-    from_rows = tasks_dataset(secret_rows())
-    from_file = tasks_dataset(str(rows_file))
-    generic = tasks_dataset("NemoGym/Generic-v0", dataset=str(rows_file))
-    assert from_rows["task"] == from_file["task"] == generic["task"]
-    assert [m["role"] for m in from_rows[0]["prompt"]][-2:] == ["assistant", "user"]
-    assert from_rows["task_index"] == [0, 1]
-
-
-def test_tasks_dataset_names_what_it_cannot_read():
-    with pytest.raises(ValueError, match="default dataset"):
-        tasks_dataset("NemoGym/Generic-v0")
-    with pytest.raises(ValueError, match="neither a registered env id"):
-        tasks_dataset("no_such_thing")
 
 
 # ---- token assembly -------------------------------------------------------------------------------
@@ -179,13 +149,17 @@ def test_token_budget_ends_and_verifies_the_episode(tokenizer, secret_server):
     with nemo_gym_rollout_func("NemoGym/Generic-v0", base_url=secret_server, dataset=rows, max_turns=4) as rollout:
         out = rollout.rollout(prompts, generate, tokenizer=tokenizer, max_completion_length=len(call) + 5)
         trajectories = [row.episode.trajectory for row in rollout.last_rows]
+        verified = [row.episode.last_verify["response"]["output"] for row in rollout.last_rows]
     assert out["truncated"] == [True, True]
     assert all(r is not None and r < 1 for r in out["env_reward"])  # verified, and no answer was given
     assert out["completion_ids"][0] == call and out["env_mask"][0] == [1] * len(call)
     assert len(out["completion_ids"][1]) == len(call) + 5 and out["completion_ids"][1][-1] != call[-1]
     assert all(m == 1 for m in out["env_mask"][1])
-    # The call ran, its output was never shown to the model, and /verify saw the episode so far.
-    assert [item["type"] for item in trajectories[0]] == ["function_call", "function_call_output", "message"]
+    # The call ran, its output was never shown to the model, and /verify saw the episode so far: the
+    # episode was finished as it stood, with no made-up assistant message after the tool output.
+    assert [item["type"] for item in trajectories[0]] == ["function_call", "function_call_output"]
+    assert [[item["type"] for item in output] for output in verified] == [
+        [item["type"] for item in trajectory] for trajectory in trajectories]
 
 
 def test_step_limit_verifies_truncated(tokenizer, secret_server):
@@ -241,11 +215,3 @@ def test_prompt_without_its_task_is_found_by_its_messages(tokenizer, secret_serv
         with pytest.raises(ValueError, match="tasks_dataset"):
             rollout.rollout([[{"role": "user", "content": "unknown"}]], Scripted(tokenizer, [["x"]]),
                             tokenizer=tokenizer, max_completion_length=32)
-
-
-def test_env_reward_passes_rewards_and_logs_episode_metrics():
-    logged = {}
-    rewards = env_reward(["a", "b", "c"], env_reward=[1.0, None, 0.5], num_turns=[2, 1, 3],
-                         truncated=[False, True, False], log_metric=logged.__setitem__)
-    assert rewards == [1.0, None, 0.5]
-    assert logged == {"env/num_turns": 2.0, "env/truncated": 1 / 3, "env/failed": 1 / 3}

@@ -1,0 +1,120 @@
+"""Which protocol a server speaks, and the episode that speaks it.
+
+Two kinds of server stand behind the same env:
+
+- **resources servers** (``/seed_session``, tools as ``POST /<tool>``, ``/verify``): NeMo Gym's
+  ``SimpleResourcesServer`` and ours, played by :class:`~nemo_gym_env.envs.episode.Episode`;
+- **Gymnasium-protocol servers** (``/reset``, ``/step``): NeMo Gym's ``GymnasiumServer``
+  (blackjack, wordle, ...) and ours (:mod:`nemo_gym_env.server.gymnasium`), played by
+  :class:`~nemo_gym_env.envs.gymnasium_episode.GymnasiumEpisode`.
+
+How the protocol is told, once per server and process: the server's OpenAPI document
+(``GET /openapi.json``, which FastAPI serves for NeMo Gym's servers and ours alike, with no side
+effect) lists its routes; ``/reset`` and ``/step`` without ``/seed_session`` is the Gymnasium
+protocol. A server without that document is probed: ``POST /seed_session`` with an empty body,
+then ``POST /reset`` (a 404 means the route is not there; anything else, even a 422, that it
+is). A server that has neither is an error naming the routes tried. The env's ``protocol``
+argument skips the detection.
+
+The same document says whether the env should send NeMo Gym 0.7's ``POST /close_session`` at
+the end of an episode: when the server has that route, unless it frees a session's state at
+``/verify`` already (ours mark ``/verify`` with ``x-releases-session``), which saves a request
+per episode.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.client.transport import Reply
+from nemo_gym_env.envs.episode import Episode
+from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
+from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
+from nemo_gym_env.protocol.types import RELEASES_SESSION
+
+__all__ = ["PROTOCOLS", "ServerTraits", "open_episode", "server_traits"]
+
+PROTOCOLS = ("resources", "gymnasium")
+"""The protocols an env speaks."""
+
+
+@dataclass(frozen=True)
+class ServerTraits:
+    """What an env needs to know of a server before its first episode."""
+
+    protocol: str
+    """``"resources"`` or ``"gymnasium"``."""
+    close_session: bool = False
+    """Send ``POST /close_session`` when an episode ends."""
+    found_by: str = "given"
+    """How it was told: ``"given"``, ``"openapi"``, ``"probe"``, or ``"unreachable"`` (not told: asked again)."""
+
+
+async def server_traits(client: ResourcesClient, protocol: str = "auto") -> ServerTraits:
+    """The traits of ``client``'s server: ``protocol`` when given, else detected (see the module docstring).
+
+    Raises:
+        ServerError: the server speaks neither protocol (one that cannot be reached is taken for
+            a resources server, whose first request then fails, and is asked again next time).
+        ValueError: ``protocol`` is not ``"auto"`` or one of :data:`PROTOCOLS`.
+    """
+    if protocol != "auto":
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be 'auto' or one of {PROTOCOLS}, got {protocol!r}")
+        return ServerTraits(protocol)
+    known = _KNOWN.get(client.base_url)
+    if known is None:
+        known = await _detect(client)
+        if known.found_by != "unreachable":
+            _KNOWN[client.base_url] = known
+            while len(_KNOWN) > 1024:
+                _KNOWN.pop(next(iter(_KNOWN)))
+    return known
+
+
+_KNOWN: dict[str, ServerTraits] = {}  # base URL -> traits: told once per server and process
+
+
+async def _detect(client: ResourcesClient) -> ServerTraits:
+    try:
+        paths = await _openapi_paths(client)
+    except (ConnectFailed, TransportError, TimeoutError):
+        # Down for now: a resources server is assumed, so its episode fails as such (naming
+        # /seed_session), and the next episode asks again.
+        return ServerTraits("resources", found_by="unreachable")
+    if paths is not None:
+        if "/reset" in paths and "/step" in paths and "/seed_session" not in paths:
+            return ServerTraits("gymnasium", found_by="openapi")
+        if "/seed_session" in paths:
+            verify = paths.get("/verify", {}).get("post", {}) if isinstance(paths.get("/verify"), dict) else {}
+            close = "/close_session" in paths and not verify.get(RELEASES_SESSION)
+            return ServerTraits("resources", close_session=close, found_by="openapi")
+    for route, kind in (("/seed_session", "resources"), ("/reset", "gymnasium")):
+        reply = await client.post_raw(route, {}, {})
+        if reply.status_code != 404:
+            return ServerTraits(kind, found_by="probe")
+    raise ServerError("speaks neither protocol: POST /seed_session and POST /reset both answered 404 (and "
+                      "GET /openapi.json named neither); is this a resources server?", server=client.base_url,
+                      route="/seed_session")
+
+
+async def _openapi_paths(client: ResourcesClient) -> dict[str, Any] | None:
+    reply: Reply = await client.http.request("GET", "/openapi.json", timeout_s=client.timeout_s)
+    if not reply.is_success:
+        return None
+    try:
+        paths = json.loads(reply.content).get("paths")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return paths if isinstance(paths, dict) else None
+
+
+def open_episode(traits: ServerTraits, client: ResourcesClient, row: dict[str, Any], task_index: int | None,
+                 max_steps: int) -> Episode:
+    """A new episode of ``row`` on ``client``'s server, speaking the server's protocol."""
+    if traits.protocol == "gymnasium":
+        return GymnasiumEpisode(client, row, task_index, max_steps)
+    return Episode(client, row, task_index, max_steps, close_session=traits.close_session)
