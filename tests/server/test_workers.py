@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from nemo_gym_env.errors import TaskTimeout
 from nemo_gym_env.server.workers import ProcessPoolRunner
+
+
+@pytest.fixture(autouse=True)
+def _collect_what_a_killed_pool_leaves() -> Iterator[None]:
+    """Collect, at the end of the test that made them, the futures a killed pool leaves behind.
+
+    A task caught in a replaced pool leaves an asyncio future holding ``BrokenProcessPool``
+    that nobody retrieves; asyncio logs it, with its traceback, when it is collected. Collected
+    in a later test while that test is in ``ast.parse`` (Python 3.11 formats tracebacks with
+    ``ast``), the nested parse makes the outer one fail with ``SystemError``.
+    """
+    yield
+    gc.collect()
 
 
 @pytest.mark.slow
