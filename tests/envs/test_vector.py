@@ -15,7 +15,7 @@ import nemo_gym_env  # noqa: F401
 from nemo_gym_env import ActionError, NemoGymEnv
 from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
-from .conftest import example_rows, scripted
+from ..conftest import example_rows, scripted
 
 pytestmark = pytest.mark.slow
 

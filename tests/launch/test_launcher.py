@@ -1,4 +1,4 @@
-"""The launcher, against real server processes on loopback (fixtures in tests/launch_fixtures/)."""
+"""The launcher, against real server processes on loopback (fixture servers in tests/fixtures/servers/launch/)."""
 
 from __future__ import annotations
 
@@ -13,79 +13,33 @@ import sys
 import textwrap
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from nemo_gym_env import launch
-from nemo_gym_env.errors import LaunchError, ServerCrashed, UnknownServerError
-from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
-from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.errors import LaunchError, ServerCrashed
+from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.launch.net import answers_ok
-from nemo_gym_env.launch.shared import acquire_server, release_server
 from nemo_gym_env.server import SESSION_SECRET_ENV
 
-FIXTURES = Path(__file__).parent / "launch_fixtures"
-FIXTURES_YAML = FIXTURES / "configs" / "launch_fixtures.yaml"
+from ..conftest import group_members, pid_alive, wait_until
+from ..fixtures import fixture_config, fixture_server
+
+FIXTURES = fixture_server("launch")
+FIXTURES_YAML = fixture_config("launch")
 BUNDLED = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def specs() -> dict[str, ServerSpec]:
-    return {s.instance_name: s for s in server_specs(load_config([FIXTURES_YAML], env_yaml=None))}
-
-
-@pytest.fixture
-def launcher():
-    with Launcher(ready_timeout_s=30) as launcher:
-        yield launcher
-
-
-def _proc_state(pid: int) -> tuple[str, int] | None:
-    """(state, process group) of a pid from /proc, or None if it does not exist."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[2])
-
-
-def _pid_alive(pid: int) -> bool:
-    state = _proc_state(pid)
-    return state is not None and state[0] not in "ZX"  # a zombie has exited
-
-
-def _group_alive(pgid: int) -> list[int]:
-    """Live (non-zombie) members of a process group, by scanning /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            state = _proc_state(int(entry))
-            if state is not None and state[1] == pgid and state[0] not in "ZX":
-                members.append(int(entry))
-    return members
-
-
-def _wait_until(predicate, timeout_s: float, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- fast: no process ---------------------------------------------------------------------------
 
 
-def test_missing_entrypoint_names_paths_tried(tmp_path, specs):
+def test_missing_entrypoint_names_paths_tried(tmp_path, launch_specs):
     spec = dataclasses.replace(
-        specs["fixture_ok"], config={"entrypoint": "nope.py"}, config_dir=tmp_path / "configs"
+        launch_specs["fixture_ok"], config={"entrypoint": "nope.py"}, config_dir=tmp_path / "configs"
     )
     with Launcher() as launcher, pytest.raises(LaunchError) as err:
         launcher.start(spec)
@@ -94,8 +48,8 @@ def test_missing_entrypoint_names_paths_tried(tmp_path, specs):
     assert "resources_servers/launch_fixtures/nope.py" in message
 
 
-def test_entrypoint_resolution(tmp_path, specs):
-    spec = specs["fixture_ok"]
+def test_entrypoint_resolution(tmp_path, launch_specs):
+    spec = launch_specs["fixture_ok"]
     assert launch.resolve_entrypoint(spec) == (FIXTURES / "ok_app.py").resolve()
     # an absolute entrypoint; NeMo Gym's layout <root>/resources_servers/<impl>/ next to a YAML elsewhere
     absolute = dataclasses.replace(spec, config={"entrypoint": str(FIXTURES / "ok_app.py")}, config_dir=None)
@@ -107,30 +61,12 @@ def test_entrypoint_resolution(tmp_path, specs):
     assert launch.resolve_entrypoint(gym_layout) == app.resolve()
 
 
-def test_bundled_catalog():
-    servers = bundled_servers()
-    assert set(BUNDLED) <= set(servers)
-    for name in BUNDLED:
-        spec = bundled_spec(name)
-        assert spec.server_type == "resources_servers" and spec.config["entrypoint"]
-        assert launch.resolve_entrypoint(spec).is_file()
-        assert bundled_dataset(name).is_file()
-    with pytest.raises(UnknownServerError, match="example_multi_step") as err:
-        bundled_spec("no_such_server")
-    assert isinstance(err.value, KeyError)
-
-
-def test_release_without_acquire_raises():
-    with pytest.raises(KeyError):
-        release_server("never_acquired")
-
-
 # ---- real processes ----------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_start_serves_liveness_and_tool_and_keeps_the_secret_out(launcher, specs):
-    proc = launcher.start(specs["fixture_ok"])
+def test_start_serves_liveness_and_tool_and_keeps_the_secret_out(launcher, launch_specs):
+    proc = launcher.start(launch_specs["fixture_ok"])
     assert proc.url == f"http://127.0.0.1:{proc.port}" and proc.alive() and proc.status == "running"
     assert httpx.get(f"{proc.url}/").json() == {"status": "ok"}
     assert httpx.post(f"{proc.url}/echo", json={"x": 1}).json() == {"echo": {"x": 1}, "name": "fixture_ok"}
@@ -149,9 +85,9 @@ def test_start_serves_liveness_and_tool_and_keeps_the_secret_out(launcher, specs
 
 
 @pytest.mark.slow
-def test_start_all_parallel_on_distinct_ports(launcher, specs):
+def test_start_all_parallel_on_distinct_ports(launcher, launch_specs):
     t0 = time.monotonic()
-    procs = launcher.start_all([specs["fixture_ok"], specs["fixture_slow"]])
+    procs = launcher.start_all([launch_specs["fixture_ok"], launch_specs["fixture_slow"]])
     assert len({p.port for p in procs}) == 2
     for proc in procs:
         assert httpx.get(f"{proc.url}/").status_code == 200
@@ -160,26 +96,26 @@ def test_start_all_parallel_on_distinct_ports(launcher, specs):
 
 
 @pytest.mark.slow
-def test_explicit_port_and_manual_restart(launcher, specs):
+def test_explicit_port_and_manual_restart(launcher, launch_specs):
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    proc = launcher.start(specs["fixture_ok"], port=port)
+    proc = launcher.start(launch_specs["fixture_ok"], port=port)
     assert proc.port == port and proc.url == f"http://127.0.0.1:{port}"
     old_pid = proc.pid
     again = launcher.restart("fixture_ok")
     assert again is proc and proc.port == port and proc.pid != old_pid and proc.restarts == 1
-    assert not _pid_alive(old_pid)
+    assert not pid_alive(old_pid)
     assert httpx.get(f"{proc.url}/").status_code == 200
     with pytest.raises(LaunchError, match="already running"):
-        launcher.start(specs["fixture_ok"])
+        launcher.start(launch_specs["fixture_ok"])
 
 
 @pytest.mark.slow
-def test_crash_at_start_raises_with_log_tail(launcher, specs):
+def test_crash_at_start_raises_with_log_tail(launcher, launch_specs):
     with pytest.raises(ServerCrashed) as err:
-        launcher.start(specs["fixture_crash"])
+        launcher.start(launch_specs["fixture_crash"])
     assert err.value.name == "fixture_crash" and err.value.returncode == 1
     assert "model weights not found at /nowhere" in err.value.log_tail
     assert "server 'fixture_crash' exited with code 1 during start-up" in str(err.value)
@@ -187,11 +123,11 @@ def test_crash_at_start_raises_with_log_tail(launcher, specs):
 
 
 @pytest.mark.slow
-def test_never_ready_times_out_and_is_stopped(specs):
+def test_never_ready_times_out_and_is_stopped(launch_specs):
     with Launcher(ready_timeout_s=2.0) as launcher:
         t0 = time.monotonic()
         with pytest.raises(LaunchError) as err:
-            launcher.start(specs["fixture_hang"])
+            launcher.start(launch_specs["fixture_hang"])
         assert time.monotonic() - t0 < 8
         message = str(err.value)
         assert "fixture_hang" in message and "http://127.0.0.1:" in message and "2 s" in message
@@ -200,12 +136,12 @@ def test_never_ready_times_out_and_is_stopped(specs):
 
 
 @pytest.mark.slow
-def test_stop_leaves_no_process(launcher, specs):
-    proc = launcher.start(specs["fixture_ok"])
+def test_stop_leaves_no_process(launcher, launch_specs):
+    proc = launcher.start(launch_specs["fixture_ok"])
     pid = proc.pid
-    assert _group_alive(pid) == [pid]
+    assert group_members(pid) == [pid]
     launcher.stop("fixture_ok")
-    assert not _pid_alive(pid) and _group_alive(pid) == []
+    assert not pid_alive(pid) and group_members(pid) == []
     assert proc.status == "stopped" and launcher.servers == {}
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{proc.url}/", timeout=2)
@@ -216,12 +152,12 @@ def test_stop_leaves_no_process(launcher, specs):
 
 
 @pytest.mark.slow
-def test_garbage_collected_launcher_stops_its_servers(specs):
+def test_garbage_collected_launcher_stops_its_servers(launch_specs):
     launcher = Launcher(auto_restart=True)
-    pid = launcher.start(specs["fixture_ok"]).pid
+    pid = launcher.start(launch_specs["fixture_ok"]).pid
     del launcher
     gc.collect()
-    assert _wait_until(lambda: not _pid_alive(pid), 10)
+    assert wait_until(lambda: not pid_alive(pid), 10)
 
 
 PARENT_SCRIPT = """
@@ -252,19 +188,19 @@ def test_no_orphan_when_parent_dies(tmp_path, how):
     try:
         child = int(parent.stdout.readline())
         if how == "sigkill":
-            assert _pid_alive(child)
+            assert pid_alive(child)
             parent.send_signal(signal.SIGKILL)  # no atexit: the pipe EOF must stop the child
         parent.wait(timeout=20)
-        assert _wait_until(lambda: not _group_alive(child), 10), "server outlived its launcher"
+        assert wait_until(lambda: not group_members(child), 10), "server outlived its launcher"
     finally:
         parent.kill()
         parent.wait()
 
 
 @pytest.mark.slow
-def test_auto_restart_serves_again_on_the_same_port(specs):
+def test_auto_restart_serves_again_on_the_same_port(launch_specs):
     with Launcher(auto_restart=True) as launcher:
-        proc = launcher.start(specs["fixture_ok"])
+        proc = launcher.start(launch_specs["fixture_ok"])
         url, old_pid = proc.url, proc.pid
         os.kill(old_pid, signal.SIGKILL)
         # The parent keeps the listening socket: this request waits in the backlog, then succeeds.
@@ -274,106 +210,43 @@ def test_auto_restart_serves_again_on_the_same_port(specs):
 
 
 @pytest.mark.slow
-def test_auto_restart_gives_up_on_a_crash_loop(specs, monkeypatch):
+def test_auto_restart_gives_up_on_a_crash_loop(launch_specs, monkeypatch):
     monkeypatch.setattr("nemo_gym_env.launch.launcher.MAX_CRASHES", 1)
     with Launcher(auto_restart=True) as launcher:
-        proc = launcher.start(specs["fixture_ok"])
-        proc.entrypoint = launch.resolve_entrypoint(specs["fixture_crash"])  # every restart now crashes
+        proc = launcher.start(launch_specs["fixture_ok"])
+        proc.entrypoint = launch.resolve_entrypoint(launch_specs["fixture_crash"])  # every restart now crashes
         os.kill(proc.pid, signal.SIGKILL)
-        assert _wait_until(lambda: proc.status == "failed", 15)
+        assert wait_until(lambda: proc.status == "failed", 15)
         assert proc.restarts == 1 and "giving up" in proc.log_path.read_text()
         with pytest.raises(httpx.ConnectError):  # the parent let go of the socket
             httpx.get(f"{proc.url}/", timeout=2)
 
 
 @pytest.mark.slow
-def test_log_file_and_stream_logs(tmp_path, specs, capsys):
+def test_log_file_and_stream_logs(tmp_path, launch_specs, capsys):
     with Launcher(log_dir=tmp_path, stream_logs=True) as launcher:
-        proc = launcher.start(specs["fixture_ok"])
+        proc = launcher.start(launch_specs["fixture_ok"])
         assert proc.log_path == tmp_path / "fixture_ok.log"
-        assert _wait_until(lambda: "[fixture_ok] INFO:" in capsys.readouterr().err, 5)
+        assert wait_until(lambda: "[fixture_ok] INFO:" in capsys.readouterr().err, 5)
         assert "Application startup complete" in proc.log_tail(5)
     assert (tmp_path / "fixture_ok.log").is_file()  # a given log_dir is kept
 
 
 @pytest.mark.slow
-def test_serve_warns_when_reachable_from_the_network(launcher, specs):
-    proc = launcher.start(specs["fixture_ok"], host="0.0.0.0")
-    launcher.stop("fixture_ok")
-    log = proc.log_path.read_text()
-    assert "WARNING" in log and "reachable from the network" in log and "unauthenticated" in log
-
-
-@pytest.mark.slow
-def test_serve_by_hand_without_a_launcher():
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    env = {k: v for k, v in os.environ.items() if k != launch.SERVER_ENV}
-    env["PYTHONPATH"] = str(REPO)
-    child = subprocess.Popen(
-        [sys.executable, "ok_app.py", f"port={port}", "name=by_hand"],
-        cwd=FIXTURES,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-
-        def answers() -> bool:
-            try:
-                return (
-                    httpx.post(f"http://127.0.0.1:{port}/echo", json={}, timeout=1).json()["name"]
-                    == "by_hand"
-                )
-            except httpx.HTTPError:
-                return False
-
-        assert _wait_until(answers, 20, 0.2)
-    finally:
-        os.killpg(child.pid, signal.SIGTERM)
-        output = child.communicate(timeout=10)[0].decode()
-    assert f"http://127.0.0.1:{port}" in output and "reachable from the network" not in output
-
-
-@pytest.mark.slow
-def test_acquire_release_is_shared_and_reference_counted(specs):
-    spec = dataclasses.replace(specs["fixture_ok"], instance_name="fixture_shared")
-    with ThreadPoolExecutor(4) as pool:
-        procs = list(pool.map(lambda _: acquire_server(spec), range(4)))
-    try:
-        assert len({id(p) for p in procs}) == 1 and len({p.pid for p in procs}) == 1
-        proc = procs[0]
-        assert httpx.get(f"{proc.url}/").status_code == 200
-        assert launch.shared_servers()["fixture_shared"] is proc
-        for _ in range(3):
-            release_server("fixture_shared")
-        assert proc.alive()
-    finally:
-        release_server("fixture_shared")
-    assert not proc.alive() and _group_alive(proc.pid) == []
-    assert "fixture_shared" not in launch.shared_servers()
-    with pytest.raises(KeyError):
-        release_server("fixture_shared")
-
-
-@pytest.mark.slow
-def test_while_starting_runs_after_the_spawn_and_before_readiness(launcher, specs):
+def test_while_starting_runs_after_the_spawn_and_before_readiness(launcher, launch_specs):
     seen = []
 
     def meanwhile():
         proc = launcher.servers["fixture_ok"]
         seen.append((proc.status, proc.alive()))
 
-    proc = launcher.start(specs["fixture_ok"], while_starting=meanwhile)
+    proc = launcher.start(launch_specs["fixture_ok"], while_starting=meanwhile)
     assert seen == [("starting", True)] and proc.status == "running"
     assert httpx.get(f"{proc.url}/").status_code == 200
 
 
 @pytest.mark.slow
-def test_while_starting_that_raises_stops_the_server(launcher, specs):
+def test_while_starting_that_raises_stops_the_server(launcher, launch_specs):
     pids = []
 
     def meanwhile():
@@ -381,22 +254,8 @@ def test_while_starting_that_raises_stops_the_server(launcher, specs):
         raise RuntimeError("no luck")
 
     with pytest.raises(RuntimeError, match="no luck"):
-        launcher.start(specs["fixture_ok"], while_starting=meanwhile)
-    assert launcher.servers == {} and _group_alive(pids[0]) == []
-
-
-@pytest.mark.slow
-def test_acquire_runs_while_starting_only_when_it_starts_the_server(specs):
-    spec = dataclasses.replace(specs["fixture_ok"], instance_name="fixture_meanwhile")
-    calls = []
-    first = acquire_server(spec, while_starting=lambda: calls.append("first"))
-    try:
-        second = acquire_server(spec, while_starting=lambda: calls.append("second"))
-        release_server("fixture_meanwhile")
-        assert second is first and calls == ["first"]
-    finally:
-        release_server("fixture_meanwhile")
-    assert not first.alive()
+        launcher.start(launch_specs["fixture_ok"], while_starting=meanwhile)
+    assert launcher.servers == {} and group_members(pids[0]) == []
 
 
 def test_readiness_probe_reads_the_status_line():
@@ -429,21 +288,6 @@ def test_readiness_probe_reads_the_status_line():
     port = free.getsockname()[1]
     free.close()
     assert answers_ok("127.0.0.1", port, 1.0) is False  # refused
-
-
-@pytest.mark.slow
-def test_num_workers_two(launcher, specs):
-    spec = specs["fixture_ok"]
-    spec = dataclasses.replace(spec, config={**spec.config, "num_workers": 2})
-    proc = launcher.start(spec)
-    with httpx.Client() as client:
-        for i in range(8):
-            assert client.get(f"{proc.url}/").json() == {"status": "ok"}
-            assert client.post(f"{proc.url}/echo", json={"i": i}).json()["echo"] == {"i": i}
-    assert _wait_until(lambda: len(_group_alive(proc.pid)) >= 3, 10)  # supervisor + 2 workers (+ tracker)
-    launcher.stop("fixture_ok")
-    # The leader and workers are reaped by stop(); a SIGKILLed helper (resource tracker) may take a moment.
-    assert _wait_until(lambda: _group_alive(proc.pid) == [], 5)
 
 
 @pytest.mark.slow

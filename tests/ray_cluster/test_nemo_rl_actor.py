@@ -53,7 +53,7 @@ def drive(actor: Any, rows: list[dict[str, Any]]) -> list[tuple[int, dict, dict]
 
 @pytest.fixture(scope="module")
 def openai_base_url(ray_cluster) -> Iterator[str]:
-    from tests.openai_server import running_server
+    from tests.fixtures.openai_server import running_server
 
     with running_server() as url:
         yield url

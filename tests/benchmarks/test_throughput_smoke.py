@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_throughput_benchmark_quick_with_64_envs(tmp_path):

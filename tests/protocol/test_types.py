@@ -1,15 +1,10 @@
-"""Wire types and aggregate metrics: pure functions."""
+"""The wire types (built on the ``openai`` SDK's models) and ``make_response``: pure functions."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from pydantic import ValidationError
 
-from nemo_gym_env.errors import DatasetError
-from nemo_gym_env.protocol.dataset import check_row, input_items, iter_rows, load_rows
-from nemo_gym_env.protocol.metrics import aggregate_metrics, pass_at_k
 from nemo_gym_env.protocol.types import (
     BaseRunRequest,
     BaseVerifyRequest,
@@ -66,49 +61,6 @@ def test_verify_response_echoes_the_request():
     reply = BaseVerifyResponse(**request.model_dump(), reward=1.0)
     dumped = reply.model_dump(mode="json")
     assert dumped["gt"] == 1 and dumped["reward"] == 1.0 and dumped["response"]["object"] == "response"
-
-
-def test_pass_at_k():
-    assert pass_at_k(4, 0, 2) == 0.0
-    assert pass_at_k(4, 4, 1) == 1.0
-    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
-    with pytest.raises(ValueError):
-        pass_at_k(2, 3, 1)
-
-
-def test_aggregate_metrics_binary_and_continuous():
-    rows = [{"_ng_task_index": t, "_ng_rollout_index": r, "reward": float(r == 0), "accuracy": r == 0, "note": "x"}
-            for t in range(3) for r in range(4)]
-    metrics = aggregate_metrics(rows)
-    agent = metrics.agent_metrics
-    assert agent["mean/reward"] == 0.25 and agent["mean/accuracy"] == 0.25
-    assert agent["pass@1/reward"] == pytest.approx(25.0) and agent["pass@4/reward"] == 100.0
-    assert "mean/note" not in agent and agent["num_tasks"] == 3
-    assert metrics.key_metrics["pass@4/reward"] == 100.0
-    continuous = aggregate_metrics([{"_ng_task_index": 0, "reward": 0.5}, {"_ng_task_index": 0, "reward": 0.25}])
-    assert continuous.agent_metrics["pass@2/reward"] == 50.0
-    assert aggregate_metrics([]).agent_metrics == {}
-
-
-def test_dataset_rows_checked_with_line_numbers(tmp_path):
-    path = tmp_path / "rows.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"responses_create_params": {"input": "ok"}}),
-        "{not json",
-        json.dumps({"prompt": "no params"}),
-        "",
-        json.dumps({"responses_create_params": {"input": "x", "temperature": "hot"}}),
-        json.dumps([1, 2]),
-        json.dumps({"responses_create_params": {"input": "y", "bogus": 1}}),  # an unknown key is kept, not refused
-    ]))
-    problems = {n: p for n, _, p in iter_rows(path) if p}
-    assert sorted(problems) == [2, 3, 5, 6]
-    assert "not JSON" in problems[2] and "responses_create_params" in problems[3] and "temperature" in problems[5]
-    with pytest.raises(DatasetError, match="line 2"):
-        load_rows(path)
-    assert len(load_rows(path, strict=False)) == 2
-    assert check_row({"responses_create_params": {"input": "hi"}}) is None
-    assert input_items({"responses_create_params": {"input": "hi"}}) == [{"role": "user", "content": "hi", "type": "message"}]
 
 
 def test_response_models_are_built_at_import_so_requests_reuse_them():

@@ -1,6 +1,6 @@
 """Picklable test policies: scripted players that also return well-formed token data.
 
-They travel to Ray workers by reference (``tests.ray.players``), so the test cluster puts the
+They travel to Ray workers by reference (``tests.ray_cluster.players``), so the test cluster puts the
 repository root on its workers' ``PYTHONPATH``.
 """
 

@@ -127,7 +127,7 @@ import ray
 from nemo_gym_env.protocol.dataset import load_rows
 from nemo_gym_env.ray_cluster import ray_collect
 from nemo_gym_env.rollouts.output import RolloutWriter
-from tests.ray.players import TokenPolicyFactory
+from tests.ray_cluster.players import TokenPolicyFactory
 
 address, url, tasks, out = sys.argv[1:5]
 ray.init(address=address, log_to_driver=False)

@@ -7,10 +7,7 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -18,14 +15,11 @@ from gymnasium.utils.env_checker import check_env
 
 import nemo_gym_env
 from nemo_gym_env import ActionError, NemoGymEnv, ServerError
-from nemo_gym_env.launch.child_env import SERVER_ENV
 from nemo_gym_env.protocol.types import make_response
 
-from .conftest import BUNDLED, example_rows, play_episode, scripted
+from ..conftest import BUNDLED, example_rows, play_episode, scripted
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parent.parent
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Quito"}}</tool_call>'
 
@@ -64,12 +58,6 @@ def test_code_gen_differs_between_runs_only_in_its_timing():
         assert results[0][1] == 1.0 and results[2][1] == 0.0
     finally:
         env.close()
-
-
-def test_every_bundled_server_has_a_registered_id():
-    for server in BUNDLED:
-        assert nemo_gym_env.env_id(server) in gym.registry
-    assert nemo_gym_env.GENERIC_ID in gym.registry
 
 
 @pytest.mark.parametrize("server", BUNDLED)
@@ -283,50 +271,3 @@ def test_render_ansi(launched):
     text = env.render()
     assert "get_weather" in text and "tool output" in text
     env.close()
-
-
-
-MAKE_ORDER_SCRIPT = """
-import sys
-import gymnasium as gym
-import nemo_gym_env
-from nemo_gym_env.launch import launcher
-import nemo_gym_env.envs.make
-assert "openai" not in sys.modules and "fastapi" not in sys.modules, "gym.make's entry point imports the heavy stack"
-at_spawn = []
-spawn = launcher._spawn
-def observed_spawn(*args, **kwargs):
-    at_spawn.append("openai" in sys.modules)
-    return spawn(*args, **kwargs)
-launcher._spawn = observed_spawn
-env = gym.make("NemoGym/example_multi_step-v0")
-obs, info = env.reset(seed=0)
-assert obs and info["tools"]
-assert at_spawn == [False], at_spawn
-assert "openai" in sys.modules and "fastapi" not in sys.modules
-env.close()
-"""
-
-
-def test_make_spawns_the_server_before_importing_the_env_stack():
-    """``gym.make`` starts the embedded server first and imports the env's openai-based modules
-    while it boots (the two overlap); the env process never imports the server stack."""
-    done = subprocess.run([sys.executable, "-c", MAKE_ORDER_SCRIPT], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-SERVER_PROCESS_SCRIPT = """
-import sys
-import nemo_gym_env.server
-assert "gymnasium" not in sys.modules, "a launched server imported gymnasium"
-import gymnasium as gym
-assert nemo_gym_env.env_id("example_multi_step") in gym.registry and nemo_gym_env.GENERIC_ID in gym.registry
-"""
-
-
-def test_launched_server_process_registers_the_ids_only_once_gymnasium_is_imported():
-    env = {**os.environ, SERVER_ENV: "{}"}
-    done = subprocess.run([sys.executable, "-c", SERVER_PROCESS_SCRIPT], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
