@@ -8,28 +8,31 @@ Two kinds of server stand behind the same env:
   (blackjack, wordle, ...) and ours (:mod:`nemo_gym_env.server.gymnasium`), played by
   :class:`~nemo_gym_env.envs.gymnasium_episode.GymnasiumEpisode`.
 
-How the protocol is told, once per server and process: the server's OpenAPI document
-(``GET /openapi.json``, which FastAPI serves for NeMo Gym's servers and ours alike, with no side
-effect) lists its routes; ``/reset`` and ``/step`` without ``/seed_session`` is the Gymnasium
-protocol. A server without that document is probed: ``POST /seed_session`` with an empty body,
-then ``POST /reset`` (a 404 means the route is not there; anything else, even a 422, that it
-is). A server that has neither is an error naming the routes tried. The env's ``protocol``
+How the protocol is told, once per server and process: ``GET`` on the routes that tell the
+protocols apart (``/seed_session``, ``/reset``, ``/step``, ``/close_session``, ``/verify``), all
+at once. They are ``POST`` routes, so a server that has one answers ``405`` and a server that
+has not ``404``, with no side effect and no work on the server (FastAPI's routing, NeMo Gym's
+servers and ours alike). ``/reset`` and ``/step`` without ``/seed_session`` is the Gymnasium
+protocol. (``GET /openapi.json`` would say the same, but building that document costs a
+resources server seconds of CPU on its first request, in the way of the first ``reset``.) A
+server that answers ``404`` to every ``GET`` is probed with ``POST /seed_session`` and an empty
+body, then ``POST /reset`` (a 404 means the route is not there; anything else, even a 422, that
+it is). A server that has neither is an error naming the routes tried. The env's ``protocol``
 argument skips the detection.
 
-The same document says whether the env should send NeMo Gym 0.7's ``POST /close_session`` at
-the end of an episode: when the server has that route, unless it frees a session's state at
-``/verify`` already (ours mark ``/verify`` with ``x-releases-session``), which saves a request
-per episode.
+The same answers say whether the env should send NeMo Gym 0.7's ``POST /close_session`` at the
+end of an episode: when the server has that route, unless it frees a session's state at
+``/verify`` already (ours say so with an ``x-releases-session`` header on the ``405`` of
+``GET /verify``), which saves a request per episode.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.client.transport import Reply
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
@@ -50,7 +53,7 @@ class ServerTraits:
     close_session: bool = False
     """Send ``POST /close_session`` when an episode ends."""
     found_by: str = "given"
-    """How it was told: ``"given"``, ``"openapi"``, ``"probe"``, or ``"unreachable"`` (not told: asked again)."""
+    """How it was told: ``"given"``, ``"routes"``, ``"probe"``, or ``"unreachable"`` (not told: asked again)."""
 
 
 async def server_traits(client: ResourcesClient, protocol: str = "auto") -> ServerTraits:
@@ -78,38 +81,32 @@ async def server_traits(client: ResourcesClient, protocol: str = "auto") -> Serv
 _KNOWN: dict[str, ServerTraits] = {}  # base URL -> traits: told once per server and process
 
 
+_ROUTES = ("/seed_session", "/reset", "/step", "/close_session", "/verify")
+
+
 async def _detect(client: ResourcesClient) -> ServerTraits:
     try:
-        paths = await _openapi_paths(client)
+        replies = await asyncio.gather(*(client.http.request("GET", route, timeout_s=client.timeout_s)
+                                          for route in _ROUTES))
     except (ConnectFailed, TransportError, TimeoutError):
         # Down for now: a resources server is assumed, so its episode fails as such (naming
         # /seed_session), and the next episode asks again.
         return ServerTraits("resources", found_by="unreachable")
-    if paths is not None:
-        if "/reset" in paths and "/step" in paths and "/seed_session" not in paths:
-            return ServerTraits("gymnasium", found_by="openapi")
-        if "/seed_session" in paths:
-            verify = paths.get("/verify", {}).get("post", {}) if isinstance(paths.get("/verify"), dict) else {}
-            close = "/close_session" in paths and not verify.get(RELEASES_SESSION)
-            return ServerTraits("resources", close_session=close, found_by="openapi")
+    has = {route for route, reply in zip(_ROUTES, replies) if reply.status_code != 404}
+    if has:
+        if {"/reset", "/step"} <= has and "/seed_session" not in has:
+            return ServerTraits("gymnasium", found_by="routes")
+        if "/seed_session" in has:
+            releases = any(v.lower() == "true" for v in replies[-1].header_values(RELEASES_SESSION))
+            return ServerTraits("resources", close_session="/close_session" in has and not releases,
+                                found_by="routes")
     for route, kind in (("/seed_session", "resources"), ("/reset", "gymnasium")):
         reply = await client.post_raw(route, {}, {})
         if reply.status_code != 404:
             return ServerTraits(kind, found_by="probe")
-    raise ServerError("speaks neither protocol: POST /seed_session and POST /reset both answered 404 (and "
-                      "GET /openapi.json named neither); is this a resources server?", server=client.base_url,
+    raise ServerError("speaks neither protocol: POST /seed_session and POST /reset both answered 404 (as did "
+                      f"GET on {', '.join(_ROUTES)}); is this a resources server?", server=client.base_url,
                       route="/seed_session")
-
-
-async def _openapi_paths(client: ResourcesClient) -> dict[str, Any] | None:
-    reply: Reply = await client.http.request("GET", "/openapi.json", timeout_s=client.timeout_s)
-    if not reply.is_success:
-        return None
-    try:
-        paths = json.loads(reply.content).get("paths")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    return paths if isinstance(paths, dict) else None
 
 
 def open_episode(traits: ServerTraits, client: ResourcesClient, row: dict[str, Any], task_index: int | None,

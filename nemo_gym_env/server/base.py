@@ -37,7 +37,7 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
@@ -109,6 +109,10 @@ class BaseResourcesServerConfig(BaseModel):
     session_ttl_s: float = 3600.0
     max_sessions: int = 100_000
     max_body_bytes: int = 32 * 1024 * 1024
+
+
+async def _verify_is_post_only() -> Response:
+    return Response(status_code=405, headers={"allow": "POST", RELEASES_SESSION: "true"})
 
 
 class SimpleResourcesServer(BaseModel):
@@ -194,6 +198,8 @@ class SimpleResourcesServer(BaseModel):
         app.post("/seed_session")(self.seed_session)
         # Marked so that clients know: the session's state is freed here, /close_session is not needed.
         app.post("/verify", openapi_extra={RELEASES_SESSION: True})(guard_verify(self.verify))
+        # ...and say it to a GET, which is how an env asks before its first episode (envs/protocols.py).
+        app.get("/verify", include_in_schema=False)(_verify_is_post_only)
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.post("/close_session")(self._close_session_route)
         app.get("/reverify_mode")(self._reverify_mode_route)
