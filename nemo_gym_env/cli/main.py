@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
     run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
+    run.add_argument("--episode-reward", choices=("verify", "sum"), default="verify",
+                     help="a row's reward: the /verify reward (default), or sum: plus the tools' step rewards")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")
     run.add_argument("--allow-changes", action="store_true",
                      help="with --resume: add rows even if the file was written with other settings "
