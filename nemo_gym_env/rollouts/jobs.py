@@ -213,6 +213,7 @@ async def collect(
     request_timeout_s: float = 120.0,
     turn_timeout_s: float | None = None,
     server_name: str | None = None,
+    episode_reward: str = "verify",
 ) -> AsyncIterator[dict[str, Any]]:
     """Roll out every row ``num_repeats`` times against one server; yield output (or failure) rows.
 
@@ -229,6 +230,7 @@ async def collect(
         request_timeout_s: Timeout of each server request.
         turn_timeout_s: Timeout of each policy turn (None: the policy's own).
         server_name: Recorded as ``agent_ref`` on rows without one.
+        episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step rewards).
 
     Yields:
         Rows in completion order; :func:`is_failure` tells failures apart.
@@ -246,5 +248,6 @@ async def collect(
                 if (server, key, rollout_index) not in done:
                     yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name, key)
 
-    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s):
+    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
+                                  episode_reward=episode_reward):
         yield row
