@@ -327,7 +327,7 @@ class NemoGymRollout:
             columns["reward_components"] = [p or None for p in parts]
             for name in sorted({k for p in parts for k in p}):
                 columns[COMPONENT_PREFIX + name] = [p.get(name) for p in parts]
-        if any(row.episode.gave_step_rewards for row in rows):
+        if any(row.episode.gave_step_rewards or row.episode.episode_reward == "sum" for row in rows):
             columns["step_rewards"] = steps
             columns["step_reward_sum"] = [None if s is None else float(sum(s)) for s in steps]
         return columns

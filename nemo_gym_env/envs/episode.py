@@ -210,7 +210,7 @@ class Episode:
         info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
         info["reward"] = reward
         verdict_info(reply, info)
-        if self.gave_step_rewards:
+        if self.gave_step_rewards or self.episode_reward == "sum":
             info[STEP_REWARDS_KEY] = list(self.step_rewards)
             info[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))
             if self.episode_reward == "sum":
@@ -222,13 +222,14 @@ class Episode:
 
     def verdict(self) -> dict[str, Any] | None:
         """The episode's result as a rollout row holds it: the ``/verify`` reply, plus, when the
-        server gave step rewards, :data:`STEP_REWARDS_KEY` and :data:`STEP_REWARD_SUM_KEY` (and
-        with ``episode_reward="sum"``, ``reward`` their sum with the ``/verify`` reward, which
-        :data:`VERIFY_REWARD_KEY` keeps). None before the episode is verified."""
+        server gave step rewards (or ``episode_reward="sum"``), :data:`STEP_REWARDS_KEY` and
+        :data:`STEP_REWARD_SUM_KEY` (and with ``episode_reward="sum"``, ``reward`` their sum with
+        the ``/verify`` reward, which :data:`VERIFY_REWARD_KEY` keeps). None before the episode
+        is verified."""
         if self.last_verify is None:
             return None
         row = dict(self.last_verify)
-        if self.gave_step_rewards:
+        if self.gave_step_rewards or self.episode_reward == "sum":
             row[STEP_REWARDS_KEY] = list(self.step_rewards)
             row[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))
             if self.episode_reward == "sum":
