@@ -27,6 +27,7 @@ from nemo_gym_env.imports import lazy_exports
 if TYPE_CHECKING:
     from nemo_gym_env.errors import SessionLostError
     from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
+    from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
     from nemo_gym_env.protocol.types import (
         RESERVED_ROUTES,
         AggregateMetrics,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
         BaseVerifyRequest,
         BaseVerifyResponse,
     )
-    from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
     from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer, set_step_reward
     from nemo_gym_env.server.middleware import SESSION_ID_KEY
     from nemo_gym_env.server.sessions import SessionStore
