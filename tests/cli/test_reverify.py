@@ -171,3 +171,14 @@ def test_verify_body_takes_the_verdict_off_and_reverified_row_puts_the_identity_
     assert body["accuracy"] == 0.0  # a metric: the server recomputes it
     new = reverified_row(row, {**body, "reward": 0.25})
     assert new["_ng_task_key"] == "k1" and new["verify_reward"] == 0.25 and new["reward"] == 0.75
+
+
+def test_the_servers_of_a_head_server(stored, tmp_path, serve):
+    served = serve(ONE, "+head_server.port=0")
+    source = _write(tmp_path / "rollouts.jsonl", [{**row, "reward": 0.5} for row in stored[:4]])
+    result = run_cli("reverify", str(source), "--head-url", served.head)
+    assert result.returncode == 0, result.stderr[-3000:]
+    new = read_jsonl(tmp_path / "rollouts_reverified.jsonl")
+    assert len(new) == 4 and all(row["reward"] == 1.0 for row in new)
+    line = next(line for line in result.stdout.splitlines() if line.startswith(ONE))
+    assert line.split() == [ONE, "4", "4", "0.500", "1.000"]
