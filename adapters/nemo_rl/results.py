@@ -68,7 +68,8 @@ def _items_of(source: Any) -> tuple[list[Any], Mapping[str, Any] | None]:
     if hasattr(source, "unwrapped") and getattr(source.unwrapped, "episode", None) is not None:  # an env
         source = source.unwrapped.episode
     if hasattr(source, "trajectory") and hasattr(source, "last_verify"):  # an Episode
-        return list(source.trajectory), source.last_verify
+        verdict = source.verdict() if hasattr(source, "verdict") else source.last_verify
+        return list(source.trajectory), verdict
     source = plain(source)
     if isinstance(source, Mapping):
         if isinstance(source.get("response"), Mapping):  # a /verify reply (NeMo Gym rollout row)
@@ -189,6 +190,22 @@ def _check_reward(full_result: Mapping[str, Any]) -> float:
     return float(reward)
 
 
+def _step_rewards(full_result: Mapping[str, Any], num_turns: int) -> list[float] | None:
+    """The verdict's per-turn step rewards (one per model call), or None when the server gave none."""
+    values = full_result.get("step_rewards")
+    if values is None:
+        return None
+    if not isinstance(values, (list, tuple)):
+        raise NemoRLFormatError(f"step_rewards must be a list of numbers (one per turn), got {type(values).__name__}")
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+            raise NemoRLFormatError(f"step_rewards[{i}] = {value!r} is not a finite number")
+    if len(values) != num_turns:
+        raise NemoRLFormatError(f"{len(values)} step_rewards for {num_turns} model calls with token data; "
+                                "there is one step reward per model turn")
+    return [float(v) for v in values]
+
+
 def _without_token_fields(full_result: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the verify reply whose output items no longer carry the (now duplicated) token fields."""
     out = dict(full_result)
@@ -220,6 +237,9 @@ def to_nemo_rl_result(
 
     Returns:
         ``{"message_log": [...], "input_message_log": message_log[:1], "full_result": reply}``.
+        When the server gave step rewards (the verdict's ``step_rewards``, one per model turn),
+        each assistant message also carries its turn's ``step_reward``; ``full_result`` keeps
+        ``step_rewards`` and ``step_reward_sum``, and ``reward_components`` when the verifier gave them.
 
     Raises:
         NemoRLFormatError: An invariant NeMo RL asserts is broken; the message names the turn:
@@ -237,7 +257,9 @@ def to_nemo_rl_result(
     tags = tuple(thinking_tags or THINKING_TAGS)
     messages: list[dict[str, Any]] = []
     seen: list[int] = []
-    for number, turn in enumerate(token_turns(source), start=1):
+    turns = token_turns(source)
+    step_rewards = _step_rewards(full_result, len(turns))
+    for number, turn in enumerate(turns, start=1):
         where = f"turn {number} ({turn.where})" if turn.where else f"turn {number}"
         if turn.generation_token_ids is None or turn.prompt_token_ids is None:
             missing = "generation_token_ids" if turn.generation_token_ids is None else "prompt_token_ids"
@@ -265,6 +287,8 @@ def to_nemo_rl_result(
         messages.append({"role": "assistant", "content": "", "token_ids": generation,
                          "generation_logprobs": log_probs, "is_invalid_tool_call": invalid,
                          "has_malformed_thinking": malformed})
+        if step_rewards is not None:
+            messages[-1]["step_reward"] = step_rewards[number - 1]
         seen = prompt + generation
     if not messages:
         raise NemoRLFormatError(

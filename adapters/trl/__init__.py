@@ -44,7 +44,10 @@ chat template, joined token by token: the model's tokens are never re-tokenized)
 tokens), ``env_mask`` (1 model token, 0 environment token), and the extra fields
 ``env_reward`` (the ``/verify`` reward; None when the episode failed), ``num_turns``,
 ``truncated``, ``env_error`` and the verify reply's numeric metrics, which TRL hands to
-reward functions as keyword arguments. A server failure masks the row (``env_mask`` all 0,
+reward functions as keyword arguments; when the verdict has ``reward_components``, the column
+``reward_components`` (a dict per row) and one column ``component_<name>`` per component
+(:func:`component_rewards` makes a reward function of each); when the server gave step rewards,
+``step_rewards`` (one number per model turn) and ``step_reward_sum``. A server failure masks the row (``env_mask`` all 0,
 ``env_reward`` None, which TRL treats as unscorable) and never changes the row count. An
 episode the rollout stops (the token budget, the turn limit) is verified on its trajectory so
 far, with no made-up model turn.
@@ -59,7 +62,7 @@ from nemo_gym_env.imports import lazy_exports
 if TYPE_CHECKING:
     from nemo_gym_env.adapters.trl.environment import nemo_gym_environment
     from nemo_gym_env.adapters.trl.generation import Generate, trainer_generate
-    from nemo_gym_env.adapters.trl.rewards import env_reward
+    from nemo_gym_env.adapters.trl.rewards import component_rewards, env_reward
     from nemo_gym_env.adapters.trl.rollout import NemoGymRollout, nemo_gym_rollout_func
     from nemo_gym_env.adapters.trl.tasks import TASK_KEY, env_rows, tasks_dataset
 
@@ -67,6 +70,7 @@ __all__ = [
     "TASK_KEY",
     "Generate",
     "NemoGymRollout",
+    "component_rewards",
     "env_reward",
     "env_rows",
     "nemo_gym_environment",
@@ -77,7 +81,7 @@ __all__ = [
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("TASK_KEY", "env_rows", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
-    "env_reward": "nemo_gym_env.adapters.trl.rewards",
+    **dict.fromkeys(("component_rewards", "env_reward"), "nemo_gym_env.adapters.trl.rewards"),
     **dict.fromkeys(("Generate", "trainer_generate"), "nemo_gym_env.adapters.trl.generation"),
     **dict.fromkeys(("NemoGymRollout", "nemo_gym_rollout_func"), "nemo_gym_env.adapters.trl.rollout"),
     "nemo_gym_environment": "nemo_gym_env.adapters.trl.environment",

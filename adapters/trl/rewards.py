@@ -1,10 +1,21 @@
-"""The reward function of the ``rollout_func`` route: the environment's own ``/verify`` reward."""
+"""The reward functions of the ``rollout_func`` route: the environment's own reward, and one per reward component.
+
+:func:`env_reward` is the episode's reward (the ``/verify`` reward, or its sum with the step
+rewards when the env was made with ``episode_reward="sum"``). :func:`component_rewards` makes
+one reward function per ``reward_components`` entry of the ``/verify`` reply, so that TRL
+weights them (``GRPOConfig(reward_weights=[...])``) and logs each under its own name.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["env_reward"]
+__all__ = ["component_rewards", "env_reward"]
+
+COMPONENT_PREFIX = "component_"
+"""The rollout column of component ``<name>`` (:data:`nemo_gym_env.adapters.trl.rollout.COMPONENT_PREFIX`)."""
 
 
 def env_reward(completions: list[Any], env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
@@ -28,3 +39,53 @@ def env_reward(completions: list[Any], env_reward: list[float | None], **kwargs:
             log_metric("env/truncated", sum(bool(t) for t in truncated) / len(truncated))
         log_metric("env/failed", sum(r is None for r in rewards) / len(rewards))
     return rewards
+
+
+def component_rewards(names: Sequence[str]) -> list[Callable[..., list[float | None]]]:
+    """One TRL reward function per reward component, in the order of ``names``.
+
+    Each returns its component's value for every rollout (the ``component_<name>`` column the
+    rollout adds); None for a rollout whose verdict has no such component (a failed episode),
+    which TRL treats as unscorable. The function's ``__name__`` is ``component_<name>``, the
+    name TRL logs it under. Weigh them with ``GRPOConfig(reward_weights=[...])``::
+
+        reward_funcs = component_rewards(["punctuation:no_comma", "detectable_format:title"])
+        GRPOTrainer(..., reward_funcs=reward_funcs, args=GRPOConfig(reward_weights=[0.5, 1.0], ...))
+
+    Raises:
+        ValueError: no names, a name given twice, or a name that is not a non-empty string.
+    """
+    names = list(names)
+    if not names:
+        raise ValueError("component_rewards needs at least one component name")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a component name is a non-empty string, got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"component names repeat: {names}")
+    return [_component_reward(name) for name in names]
+
+
+def _component_reward(name: str) -> Callable[..., list[float | None]]:
+    column = COMPONENT_PREFIX + name
+
+    def reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+        values = kwargs.get(column)
+        if values is None:
+            if "env_reward" not in kwargs:
+                raise ValueError(f"reward function {column!r} needs the columns of nemo_gym_rollout_func's "
+                                 "rollouts; use it with rollout_func=nemo_gym_rollout_func(...)")
+            # No rollout of this batch has the component (e.g. every episode failed).
+            return [None] * len(completions)
+        out: list[float | None] = []
+        for value in values:
+            if value is None:
+                out.append(None)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"reward component {name!r} is {value!r}, not a finite number")
+            else:
+                out.append(float(value))
+        return out
+
+    reward.__name__ = reward.__qualname__ = column
+    return reward

@@ -31,14 +31,20 @@ from nemo_gym_env.protocol.metrics import numeric_fields
 if TYPE_CHECKING:
     from nemo_gym_env.envs.env import NemoGymEnv
 
-__all__ = ["NemoGymRollout", "RolloutRow", "nemo_gym_rollout_func"]
+__all__ = ["COMPONENT_PREFIX", "NemoGymRollout", "RolloutRow", "nemo_gym_rollout_func"]
+
+COMPONENT_PREFIX = "component_"
+"""Each reward component ``<name>`` of the ``/verify`` reply is the rollout column ``component_<name>``."""
+
+_OWN_NUMBERS = frozenset({"reward", "step_reward_sum"})
+"""Numbers of the verdict that have their own column (``env_reward``, ``step_reward_sum``) or none."""
 
 log = logging.getLogger(__name__)
 
 RESERVED_FIELDS = frozenset({
     "prompt", "prompts", "completion", "completions", "completion_ids", "task", "task_index", "trainer_state",
     "log_extra", "log_metric", "environments", "prompt_ids", "logprobs", "env_mask", "env_reward",
-    "num_turns", "truncated", "env_error",
+    "num_turns", "truncated", "env_error", "reward_components", "step_rewards", "step_reward_sum",
 })
 """Names TRL or the rollout's own columns use: a verify metric of one of these names becomes ``verify_<name>``."""
 
@@ -283,9 +289,11 @@ class NemoGymRollout:
         columns: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                      "env_reward", "num_turns", "truncated", "env_error")}
         metrics: list[dict[str, float]] = []
+        parts: list[dict[str, float]] = []
+        steps: list[list[float] | None] = []
         for row in rows:
             completion, logprobs, mask = row.completion_ids, row.logprobs, row.env_mask
-            verify = row.episode.last_verify if row.error is None else None
+            verify = row.episode.verdict() if row.error is None else None
             if verify is not None and verify.get("mask_sample") is True:
                 # An infrastructure failure the verifier flagged: out of the loss and out of the
                 # group's baseline (no reward), not scored 0.
@@ -308,10 +316,20 @@ class NemoGymRollout:
             columns["env_error"].append(row.error)
             task_keys = set(row.episode.task)
             metrics.append({} if verify is None else {
-                k: v for k, v in numeric_fields(verify).items() if k != "reward" and k not in task_keys})
+                k: v for k, v in numeric_fields(verify).items() if k not in _OWN_NUMBERS and k not in task_keys})
+            parts.append({} if verify is None or not isinstance(verify.get("reward_components"), dict)
+                         else dict(verify["reward_components"]))
+            steps.append(None if verify is None else list(row.episode.step_rewards))
         for name in sorted({k for m in metrics for k in m}):
             column = name if name not in RESERVED_FIELDS else f"verify_{name}"
             columns[column] = [m.get(name) for m in metrics]
+        if any(parts):
+            columns["reward_components"] = [p or None for p in parts]
+            for name in sorted({k for p in parts for k in p}):
+                columns[COMPONENT_PREFIX + name] = [p.get(name) for p in parts]
+        if any(row.episode.gave_step_rewards or row.episode.episode_reward == "sum" for row in rows):
+            columns["step_rewards"] = steps
+            columns["step_reward_sum"] = [None if s is None else float(sum(s)) for s in steps]
         return columns
 
 

@@ -120,11 +120,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
     run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
+    run.add_argument("--episode-reward", choices=("verify", "sum"), default="verify",
+                     help="a row's reward: the /verify reward (default), or sum: plus the tools' step rewards")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")
     run.add_argument("--allow-changes", action="store_true",
                      help="with --resume: add rows even if the file was written with other settings "
                           "(repeats, policy, sampling, a changed dataset)")
     p.set_defaults(run="nemo_gym_env.cli.rollouts:cmd_rollouts")
+
+    p = sub.add_parser(
+        "reverify",
+        parents=[common],
+        help="re-verify stored rollouts against the current servers (no policy)",
+        description=_wrap("Send every row's verify body (the task row and the episode it stores) to /verify again, "
+        "with no policy call, and write the new rows (the new verdict, the old identity) to -o (default "
+        "<stem>_reverified.jsonl); print, per server, the rows whose reward moved and the mean reward before and "
+        "after. Servers are launched as `rollouts` launches them (the servers the rows name, bundled NAMEs, "
+        "+config_paths=[...]) or already running (--server-url, --head-url). --resume continues after a kill."),
+        epilog=f"examples:\n  {PROG} reverify results/rollouts.jsonl\n"
+        f"  {PROG} reverify results/rollouts.jsonl -o results/fixed.jsonl --server-url http://127.0.0.1:8000\n"
+        f"  {PROG} reverify results/rollouts.jsonl -o results/fixed.jsonl --resume",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("rollouts", metavar="ROLLOUTS.jsonl", help="a rollouts file")
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    p.add_argument("--output", "-o", metavar="PATH", help="where the new rows go (default <stem>_reverified.jsonl)")
+    p.add_argument("--server-url", metavar="URL", help="one running resources server for every row")
+    p.add_argument("--head-url", metavar="URL", help="the servers of a running head server (GET /servers)")
+    p.add_argument("--concurrency", type=int, default=32, metavar="N", help="verifications in flight (default 32)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="/verify timeout (default 300 s)")
+    p.add_argument("--resume", action="store_true", help="continue the output: skip rows already re-verified")
+    p.add_argument("--log-dir", metavar="DIR", help="keep the logs of launched servers here")
+    add_env_yaml(p)
+    p.set_defaults(run="nemo_gym_env.cli.reverify:cmd_reverify")
 
     p = sub.add_parser(
         "view",

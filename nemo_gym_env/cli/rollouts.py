@@ -29,6 +29,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
         concurrency=args.concurrency, max_steps=args.max_steps, timeout=args.timeout,
         turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
+        episode_reward=args.episode_reward,
     )
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
+from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 
-__all__ = ["CookieJar", "Reply", "ResourcesClient", "ServerError", "verdict_problem"]
+__all__ = ["STEP_REWARD_HEADER", "CookieJar", "Reply", "ResourcesClient", "ServerError", "step_reward_problem",
+           "verdict_problem"]
 
 CookieJar = dict[str, str]
 """One episode's cookies: name -> value."""
@@ -44,6 +46,20 @@ def verdict_problem(reply: Any) -> str | None:
                 return f"reward component {str(name)[:80]!r} is {str(value)[:80]!r}, not a finite number"
     if "mask_sample" in reply and reply["mask_sample"] is not None and not isinstance(reply["mask_sample"], bool):
         return f"'mask_sample' must be true or false, got {str(reply['mask_sample'])[:80]!r}"
+    return None
+
+
+def step_reward_problem(values: list[str]) -> str | None:
+    """Why the values of a reply's step-reward header are not one finite number, or None."""
+    if len(values) != 1:
+        return f"{len(values)} {STEP_REWARD_HEADER} headers; a reply gives at most one"
+    text = values[0].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return f"{STEP_REWARD_HEADER}: {text[:80]!r} is not a number"
+    if not math.isfinite(value):
+        return f"{STEP_REWARD_HEADER}: {text[:80]!r} is not a finite number"
     return None
 
 
@@ -132,6 +148,9 @@ class ResourcesClient:
                         timeout_s: float | None = None) -> Any:
         """POST and return the decoded JSON reply; non-2xx or non-JSON replies raise :class:`ServerError`."""
         reply = await self.post_raw(route, body, jar, task_index=task_index, timeout_s=timeout_s)
+        return self._json_of(reply, route, task_index)
+
+    def _json_of(self, reply: Reply, route: str, task_index: int | None) -> Any:
         if reply.status_code >= 400:
             raise ServerError(f"HTTP {reply.status_code}: {reply.text[:500]}", server=self.base_url,
                               route=route, task_index=task_index, status_code=reply.status_code)
@@ -156,6 +175,15 @@ class ResourcesClient:
             ServerError: on ``410 Gone``: the server no longer has this episode's session (it
                 restarted, or the session expired), so the episode cannot go on.
         """
+        return (await self.call_tool_reply(name, arguments, jar, task_index=task_index))[0]
+
+    async def call_tool_reply(self, name: str, arguments: str | Any, jar: CookieJar, *,
+                              task_index: int | None = None) -> tuple[str, float | None]:
+        """:meth:`call_tool`, and the step reward the route gave (:data:`STEP_REWARD_HEADER`), or None.
+
+        Raises:
+            ServerError: as :meth:`call_tool`; also for a step reward that is not one finite number.
+        """
         if isinstance(arguments, str):
             reply = await self.post_bytes(f"/{name}", arguments.encode("utf-8"), jar, task_index=task_index)
         else:
@@ -163,7 +191,14 @@ class ResourcesClient:
         if reply.status_code == 410:
             raise ServerError(f"session lost: {reply.text[:300]}", server=self.base_url, route=f"/{name}",
                               task_index=task_index, status_code=410)
-        return reply.text
+        values = reply.header_values(STEP_REWARD_HEADER)
+        if not values:
+            return reply.text, None
+        problem = step_reward_problem(values)
+        if problem is not None:
+            raise ServerError(f"unusable step reward: {problem}", server=self.base_url, route=f"/{name}",
+                              task_index=task_index)
+        return reply.text, float(values[0])
 
     async def verify(self, body: dict[str, Any], jar: CookieJar, *, task_index: int | None = None) -> dict[str, Any]:
         """``POST /verify``; returns the reply, which carries ``reward``.
@@ -171,9 +206,15 @@ class ResourcesClient:
         Raises:
             ServerError: the reply has no numeric ``reward``, or optional fields of the wrong
                 kind: ``reward_components`` other than a map of names to finite numbers,
-                ``mask_sample`` other than a boolean.
+                ``mask_sample`` other than a boolean; or a step reward header (the route that
+                ends the episode gives no step reward).
         """
-        reply = await self.post_json("/verify", body, jar, task_index=task_index, timeout_s=self.verify_timeout_s)
+        raw = await self.post_raw("/verify", body, jar, task_index=task_index, timeout_s=self.verify_timeout_s)
+        if raw.status_code < 400 and raw.header_values(STEP_REWARD_HEADER):
+            raise ServerError(f"a step reward ({STEP_REWARD_HEADER}) on /verify, the route that ends the episode: "
+                              "the episode's reward is the reply's 'reward' (and 'reward_components')",
+                              server=self.base_url, route="/verify", task_index=task_index)
+        reply = self._json_of(raw, "/verify", task_index)
         problem = verdict_problem(reply)
         if problem is not None:
             raise ServerError(f"unusable verify reply: {problem}", server=self.base_url, route="/verify",

@@ -32,7 +32,7 @@ import gymnasium as gym
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.episode import Episode, StepResult
+from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
 from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
@@ -63,6 +63,10 @@ class NemoGymEnv(gym.Env[list, Any]):
         protocol: ``"auto"`` (default: told from the server, see :mod:`nemo_gym_env.envs.protocols`),
             ``"resources"`` (``/seed_session``, tools, ``/verify``) or ``"gymnasium"``
             (``/reset``, ``/step``: the server rewards every step).
+        episode_reward: ``"verify"`` (default): an episode's reward (``info["reward"]`` at its
+            end) is the ``/verify`` reward; ``"sum"``: the ``/verify`` reward plus every step reward
+            the tools gave. Either way ``step`` returns each turn's step reward, and the last
+            step adds the ``/verify`` reward.
         server_handle: A server already resolved by :func:`~nemo_gym_env.envs.sources.resolve_server`
             (``gym.make`` passes the one it started); the env releases it on :meth:`close`.
     """
@@ -82,10 +86,14 @@ class NemoGymEnv(gym.Env[list, Any]):
         on_server_error: str = "truncate",
         render_mode: str | None = None,
         protocol: str = "auto",
+        episode_reward: str = "verify",
         server_handle: ServerHandle | None = None,
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if episode_reward not in EPISODE_REWARDS:
+            raise ValueError(f"episode_reward must be one of {EPISODE_REWARDS}, got {episode_reward!r}")
+        self.episode_reward = episode_reward
         if on_server_error not in ("truncate", "raise"):
             raise ValueError(f"on_server_error must be 'truncate' or 'raise', got {on_server_error!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -172,7 +180,8 @@ class NemoGymEnv(gym.Env[list, Any]):
         on the background loop begins it.
         """
         traits = background_loop().run(server_traits(self.client, self.protocol))
-        return open_episode(traits, self.client, row, task_index, max_steps or self.max_steps)
+        return open_episode(traits, self.client, row, task_index, max_steps or self.max_steps,
+                            episode_reward=self.episode_reward)
 
     def _pick(self, seed: int | None, options: dict[str, Any] | None) -> tuple[int | None, dict[str, Any]]:
         super().reset(seed=seed)
@@ -180,7 +189,8 @@ class NemoGymEnv(gym.Env[list, Any]):
 
     async def _start(self, index: int | None, row: dict[str, Any]) -> tuple[list, dict]:
         traits = await server_traits(self.client, self.protocol)  # told once per server, then cached
-        self.episode = open_episode(traits, self.client, row, index, self.max_steps)
+        self.episode = open_episode(traits, self.client, row, index, self.max_steps,
+                                    episode_reward=self.episode_reward)
         return await self.episode.start()
 
     def _check_step(self, action: Any) -> list[dict[str, Any]]:

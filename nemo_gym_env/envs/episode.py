@@ -11,10 +11,11 @@ from typing import Any
 from nemo_gym_env.client.resources import CookieJar, ResourcesClient
 from nemo_gym_env.errors import ServerError
 from nemo_gym_env.protocol.dataset import input_items
+from nemo_gym_env.protocol.keys import STEP_REWARD_SUM_KEY, STEP_REWARDS_KEY, VERIFY_REWARD_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
 from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE, Response, make_response
 
-__all__ = ["SAMPLING_KEYS", "Episode", "StepResult", "verdict_info"]
+__all__ = ["EPISODE_REWARDS", "SAMPLING_KEYS", "Episode", "StepResult", "verdict_info"]
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,9 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", 
                  "tool_choice", "instructions")
 
 StepResult = tuple[list, float, bool, bool, dict]
+
+EPISODE_REWARDS = ("verify", "sum")
+"""What an episode's reward is: the ``/verify`` reward (default), or its sum with every step reward."""
 
 
 _TOOLS_CACHE: OrderedDict[str, list[Any]] = OrderedDict()
@@ -73,6 +77,13 @@ class Episode:
     the episode as it stands. Server failures do not raise: they end the episode truncated,
     with ``error`` set and ``info["error"]``.
 
+    Step rewards: a tool reply may carry a step reward (the
+    :data:`~nemo_gym_env.protocol.keys.STEP_REWARD_HEADER` header); a turn's step reward is the
+    sum of its calls' and is the reward ``play`` returns; the last turn returns it plus the
+    ``/verify`` reward. :attr:`step_rewards` keeps one per model turn. The episode's reward
+    (``info["reward"]`` at the end, :meth:`verdict`) is the ``/verify`` reward, or with
+    ``episode_reward="sum"`` the ``/verify`` reward plus every step reward.
+
     Example:
         >>> episode = Episode(ResourcesClient("http://127.0.0.1:8000"), row, 0, max_steps=8)  # doctest: +SKIP
         >>> observation, info = await episode.start()                                          # doctest: +SKIP
@@ -80,7 +91,14 @@ class Episode:
     """
 
     def __init__(self, client: ResourcesClient, row: dict[str, Any], task_index: int | None, max_steps: int, *,
-                 close_session: bool = False):
+                 close_session: bool = False, episode_reward: str = "verify"):
+        if episode_reward not in EPISODE_REWARDS:
+            raise ValueError(f"episode_reward must be one of {EPISODE_REWARDS}, got {episode_reward!r}")
+        self.episode_reward = episode_reward
+        self.step_rewards: list[float] = []
+        """One step reward per model turn (0.0 for a turn whose tools gave none)."""
+        self.gave_step_rewards = False
+        """Whether any tool reply of the episode carried a step reward."""
         self.client = client
         self.task = row
         self.task_index = task_index
@@ -129,20 +147,30 @@ class Episode:
         calls = [item for item in items if item["type"] == "function_call"]
         observation: list[dict[str, Any]] = []
         info: dict[str, Any] = {"turn": self.turn, "num_tool_calls": len(calls)}
+        step_reward = 0.0
         try:
             for call in calls:
-                output = await self._call_tool(call)
+                output, reward = await self._call_tool(call)
+                if reward is not None:
+                    step_reward += reward
+                    self.gave_step_rewards = True
                 # FunctionCallOutput(...).model_dump(exclude_none=True), without building the model.
                 item = {"call_id": call["call_id"], "output": output, "type": "function_call_output"}
                 self.trajectory.append(item)
                 observation.append(item)
-            if calls and self.turn < self.max_steps:
-                return observation, 0.0, False, False, info
+        except ServerError as exc:
+            return self._fail(exc, observation, info)
+        self.step_rewards.append(step_reward)
+        if self.gave_step_rewards:
+            info["step_reward"] = step_reward
+        if calls and self.turn < self.max_steps:
+            return observation, step_reward, False, False, info
+        try:
             reward = await self._verify(info)
         except ServerError as exc:
             return self._fail(exc, observation, info)
         self.done = True
-        return observation, reward, not calls, bool(calls), info
+        return observation, reward + step_reward, not calls, bool(calls), info
 
     async def finish(self) -> StepResult:
         """End the episode now: ``POST /verify`` with the trajectory so far, ``truncated``.
@@ -163,16 +191,16 @@ class Episode:
         self.done = True
         return [], reward, False, True, info
 
-    async def _call_tool(self, call: dict[str, Any]) -> str:
+    async def _call_tool(self, call: dict[str, Any]) -> tuple[str, float | None]:
         name = call["name"]
         if not TOOL_NAME_RE.match(name) or name in RESERVED_ROUTES:
-            return json.dumps({"error": f"Unknown tool {name!r}: not a tool of this environment"})
+            return json.dumps({"error": f"Unknown tool {name!r}: not a tool of this environment"}), None
         arguments = call["arguments"]
         try:  # only checked: the server gets the arguments exactly as the model wrote them
             json.loads(arguments, parse_constant=_no_constant)
         except (TypeError, ValueError) as exc:
-            return json.dumps({"error": f"Invalid tool call arguments: {exc}"})
-        return await self.client.call_tool(name, arguments, self.cookies, task_index=self.task_index)
+            return json.dumps({"error": f"Invalid tool call arguments: {exc}"}), None
+        return await self.client.call_tool_reply(name, arguments, self.cookies, task_index=self.task_index)
 
     async def _verify(self, info: dict[str, Any]) -> float:
         body = {**self.task, "response": self._response_json()}
@@ -182,9 +210,32 @@ class Episode:
         info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
         info["reward"] = reward
         verdict_info(reply, info)
+        if self.gave_step_rewards or self.episode_reward == "sum":
+            info[STEP_REWARDS_KEY] = list(self.step_rewards)
+            info[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))
+            if self.episode_reward == "sum":
+                info[VERIFY_REWARD_KEY] = reward
+                info["reward"] = reward + info[STEP_REWARD_SUM_KEY]
         if self.close_session:
             await self._close_session()
         return reward
+
+    def verdict(self) -> dict[str, Any] | None:
+        """The episode's result as a rollout row holds it: the ``/verify`` reply, plus, when the
+        server gave step rewards (or ``episode_reward="sum"``), :data:`STEP_REWARDS_KEY` and
+        :data:`STEP_REWARD_SUM_KEY` (and with ``episode_reward="sum"``, ``reward`` their sum with
+        the ``/verify`` reward, which :data:`VERIFY_REWARD_KEY` keeps). None before the episode
+        is verified."""
+        if self.last_verify is None:
+            return None
+        row = dict(self.last_verify)
+        if self.gave_step_rewards or self.episode_reward == "sum":
+            row[STEP_REWARDS_KEY] = list(self.step_rewards)
+            row[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))
+            if self.episode_reward == "sum":
+                row[VERIFY_REWARD_KEY] = float(row["reward"])
+                row["reward"] = float(row["reward"]) + row[STEP_REWARD_SUM_KEY]
+        return row
 
     async def _close_session(self) -> None:
         """NeMo Gym 0.7's ``POST /close_session``: frees the session on servers that keep it past /verify.

@@ -110,8 +110,13 @@ async def _detect(client: ResourcesClient) -> ServerTraits:
 
 
 def open_episode(traits: ServerTraits, client: ResourcesClient, row: dict[str, Any], task_index: int | None,
-                 max_steps: int) -> Episode:
-    """A new episode of ``row`` on ``client``'s server, speaking the server's protocol."""
+                 max_steps: int, *, episode_reward: str = "verify") -> Episode:
+    """A new episode of ``row`` on ``client``'s server, speaking the server's protocol.
+
+    ``episode_reward`` (``"verify"`` or ``"sum"``, see :class:`Episode`) applies to resources
+    servers; a Gymnasium-protocol server's episode reward is already the sum of its step rewards.
+    """
     if traits.protocol == "gymnasium":
         return GymnasiumEpisode(client, row, task_index, max_steps)
-    return Episode(client, row, task_index, max_steps, close_session=traits.close_session)
+    return Episode(client, row, task_index, max_steps, close_session=traits.close_session,
+                   episode_reward=episode_reward)

@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.episode import Episode, StepResult
+from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
 from nemo_gym_env.envs.protocols import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
@@ -62,6 +62,7 @@ class NemoGymVectorEnv(VectorEnv):
             ``final_info`` in infos) or ``DISABLED`` (reset with ``options={"reset_mask": mask}``).
         max_in_flight: Bound on concurrent HTTP requests to each server.
         protocol: As :class:`~nemo_gym_env.envs.env.NemoGymEnv`'s.
+        episode_reward: As :class:`~nemo_gym_env.envs.env.NemoGymEnv`'s.
         server_handle: A server already resolved (``gym.make_vec`` passes the one it started);
             released on :meth:`close`.
 
@@ -86,8 +87,12 @@ class NemoGymVectorEnv(VectorEnv):
         max_in_flight: int = 1024,
         render_mode: str | None = None,
         protocol: str = "auto",
+        episode_reward: str = "verify",
         server_handle: ServerHandle | None = None,
     ):
+        if episode_reward not in EPISODE_REWARDS:
+            raise ValueError(f"episode_reward must be one of {EPISODE_REWARDS}, got {episode_reward!r}")
+        self.episode_reward = episode_reward
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if max_steps < 1 or max_in_flight < 1:
@@ -169,7 +174,8 @@ class NemoGymVectorEnv(VectorEnv):
         index, row = pick_task(self.rows, self._rngs[i], options)
         client = self.clients[i % len(self.clients)]
         try:
-            episode = open_episode(await server_traits(client, self.protocol), client, row, index, self.max_steps)
+            episode = open_episode(await server_traits(client, self.protocol), client, row, index, self.max_steps,
+                                   episode_reward=self.episode_reward)
             self.episodes[i] = episode
             obs, info = await episode.start()
         except ServerError as exc:

@@ -8,7 +8,8 @@ a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a fail
 
 from __future__ import annotations
 
-__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS"]
+__all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "STEP_REWARDS_KEY", "STEP_REWARD_HEADER",
+           "STEP_REWARD_SUM_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS", "VERIFY_REWARD_KEY"]
 
 TASK_INDEX_KEY = "_ng_task_index"
 """The task's index in its dataset."""
@@ -30,3 +31,20 @@ FAILURE_CLASS_KEY = "_ng_failure_class"
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 """The per-call training fields on the last output item of each model call (docs/architecture.md,
 "The wire"): everything the model saw, what it generated, and each generated token's log-probability."""
+
+STEP_REWARD_HEADER = "x-nemo-gym-step-reward"
+"""The response header by which a tool route gives a step reward (a finite number as text).
+
+A header, not a field of the body: the body is the tool output the model reads, unchanged, and
+NeMo Gym's own agent passes that body to the model and reads no header but ``Set-Cookie``, so a
+NeMo Gym server that sets it still runs unchanged under NeMo Gym (``docs/rollouts.md``)."""
+
+STEP_REWARDS_KEY = "step_rewards"
+"""A rollout row's per-turn step rewards (one number per model turn), when the server gave any."""
+
+STEP_REWARD_SUM_KEY = "step_reward_sum"
+"""The sum of a rollout row's :data:`STEP_REWARDS_KEY`."""
+
+VERIFY_REWARD_KEY = "verify_reward"
+"""The ``/verify`` reward of a row whose ``reward`` was made the sum of it and the step rewards
+(``episode_reward="sum"``)."""

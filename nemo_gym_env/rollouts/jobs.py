@@ -116,15 +116,19 @@ def _failure(job: RolloutJob, kind: str, reason: str) -> dict[str, Any]:
     return _stamp(job, {FAILURE_CLASS_KEY: kind, "failure_reason": reason[:2000], "server_url": job.client.base_url})
 
 
-async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None) -> dict[str, Any]:
+async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None,
+                      episode_reward: str = "verify") -> dict[str, Any]:
     """Play one episode: seed the session, alternate policy turns and tool calls, verify.
 
+    The row is the ``/verify`` reply, with the per-turn ``step_rewards`` and their
+    ``step_reward_sum`` when the server gave step rewards (``episode_reward="sum"``: ``reward``
+    is the sum of both, ``verify_reward`` the server's; see :meth:`Episode.verdict`).
     Never raises for a failing policy or server: returns a failure row instead (see
     :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
     """
     try:
         traits = await server_traits(job.client)
-        episode = open_episode(traits, job.client, job.row, job.task_index, max_steps)
+        episode = open_episode(traits, job.client, job.row, job.task_index, max_steps, episode_reward=episode_reward)
         observation, info = await episode.start()
     except ServerError as exc:
         return _failure(job, "server_error", str(exc))
@@ -152,7 +156,7 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
         await episode.play(items)
     if episode.error is not None or episode.last_verify is None:
         return _failure(job, "server_error", str(episode.error or "the episode ended without a verify reply"))
-    return _stamp(job, dict(episode.last_verify))
+    return _stamp(job, episode.verdict())
 
 
 async def collect_jobs(
@@ -161,6 +165,7 @@ async def collect_jobs(
     concurrency: int = 8,
     max_steps: int = 16,
     turn_timeout_s: float | None = None,
+    episode_reward: str = "verify",
 ) -> AsyncIterator[dict[str, Any]]:
     """Run jobs concurrently on the running loop, at most ``concurrency`` at a time; yield rows as they finish.
 
@@ -177,7 +182,8 @@ async def collect_jobs(
             job = next(pending, None)
             if job is None:
                 return
-            running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s)))
+            running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
+                                                        episode_reward=episode_reward)))
 
     fill()
     try:
@@ -207,6 +213,7 @@ async def collect(
     request_timeout_s: float = 120.0,
     turn_timeout_s: float | None = None,
     server_name: str | None = None,
+    episode_reward: str = "verify",
 ) -> AsyncIterator[dict[str, Any]]:
     """Roll out every row ``num_repeats`` times against one server; yield output (or failure) rows.
 
@@ -223,6 +230,7 @@ async def collect(
         request_timeout_s: Timeout of each server request.
         turn_timeout_s: Timeout of each policy turn (None: the policy's own).
         server_name: Recorded as ``agent_ref`` on rows without one.
+        episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step rewards).
 
     Yields:
         Rows in completion order; :func:`is_failure` tells failures apart.
@@ -240,5 +248,6 @@ async def collect(
                 if (server, key, rollout_index) not in done:
                     yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name, key)
 
-    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s):
+    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
+                                  episode_reward=episode_reward):
         yield row

@@ -61,6 +61,9 @@ class RunManifest:
     sampling: dict[str, Any]
     inputs: dict[str, str] = field(default_factory=dict)
     """Dataset path (or ``bundled:<server>``) -> SHA-256 of its content."""
+    episode_reward: str = "verify"
+    """What a row's ``reward`` is: the ``/verify`` reward, or ``sum`` (plus the step rewards).
+    A manifest written before the option existed reads as ``verify``, which is what it was."""
     format: int = FORMAT
 
     def merged(self, other: RunManifest) -> RunManifest:
@@ -75,6 +78,8 @@ def differences(old: RunManifest, new: RunManifest) -> list[str]:
         found.append(f"--num-repeats was {old.num_repeats}, now {new.num_repeats}")
     if old.policy != new.policy:
         found.append(f"the policy was {_show(old.policy)}, now {_show(new.policy)}")
+    if old.episode_reward != new.episode_reward:
+        found.append(f"--episode-reward was {old.episode_reward}, now {new.episode_reward}")
     if old.sampling != new.sampling:
         found.append(f"the sampling overrides were {_show(old.sampling)}, now {_show(new.sampling)}")
     for name, digest in new.inputs.items():

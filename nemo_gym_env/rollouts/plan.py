@@ -99,7 +99,7 @@ class RolloutPlan:
             inputs = {f"bundled:{t.bundled}": file_digest(bundled_dataset(t.bundled))
                       for t in self.targets.values() if t.bundled is not None}
         return RunManifest(num_repeats=settings.num_repeats, policy=policy, sampling=dict(settings.sampling),
-                           inputs=inputs)
+                           inputs=inputs, episode_reward=settings.episode_reward)
 
     def describe_policy(self) -> str:
         """The policy in one line for the log (no secret)."""

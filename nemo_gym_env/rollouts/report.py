@@ -12,7 +12,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,7 +21,7 @@ from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields
 from nemo_gym_env.rollouts.identity import legacy_key, row_identity
 from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, scan_rollouts
 
-__all__ = ["Outcome", "Progress", "metrics_table", "outcome_of", "summarize", "summarize_outcomes", "text_table",
+__all__ = ["Outcome", "Progress", "component_means", "metrics_table", "outcome_of", "summarize", "summarize_outcomes", "text_table",
            "write_metrics"]
 
 
@@ -34,6 +34,8 @@ class Outcome:
     """The task key, or ``"#<index>"`` for a row written without one."""
     rollout: int
     numbers: dict[str, float]
+    components: dict[str, float] = field(default_factory=dict)
+    """The row's ``reward_components`` (its finite numbers)."""
 
 
 def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
@@ -45,7 +47,9 @@ def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
             return None
         identity = (legacy[0], f"#{legacy[1]}", legacy[2])
     server, task, rollout = identity
-    return Outcome(server or "all", task, rollout, numeric_fields(row))
+    components = row.get("reward_components")
+    parts = numeric_fields(components) if isinstance(components, Mapping) else {}
+    return Outcome(server or "all", task, rollout, numeric_fields(row), parts)
 
 
 def summarize(output: str | Path) -> dict[str, Any]:
@@ -82,8 +86,10 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
     A failure counts once per identity, and only while no outcome has that identity.
     """
     slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    parts: dict[str, list[dict[str, float]]] = defaultdict(list)
     finished = set()
     for outcome in outcomes:
+        parts[outcome.server].append(outcome.components)
         finished.add((outcome.server, outcome.task, outcome.rollout))
         slim[outcome.server].append({**outcome.numbers, TASK_KEY_KEY: outcome.task,
                                      _TOTAL_GROUP: f"{outcome.server}/{outcome.task}"})
@@ -98,6 +104,7 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
         "num_rollouts": len(everything),
         "num_failed": sum(len(v) for v in failed.values()),
         **aggregate_metrics(everything, group_key=_TOTAL_GROUP).model_dump(),
+        "reward_components": component_means([c for group in parts.values() for c in group]),
         "per_server": {},
     }
     for name in sorted(set(slim) | set(failed)):
@@ -107,8 +114,23 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
             "num_failed": len(failed.get(name, ())),
             "agent_metrics": metrics.agent_metrics,
             "key_metrics": metrics.key_metrics,
+            "reward_components": component_means(parts.get(name, [])),
         }
     return summary
+
+
+def component_means(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """The mean of each reward component over the rows that have it (``{}`` when none has any).
+
+    Example:
+        >>> component_means([{"a": 1.0, "b": 0.0}, {"a": 0.0}, {}])
+        {'a': 0.5, 'b': 0.0}
+    """
+    columns: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for name, value in row.items():
+            columns[name].append(value)
+    return {name: sum(values) / len(values) for name, values in sorted(columns.items())}
 
 
 _TOTAL_GROUP = "_task"  # server and task together: two servers' tasks never share a group
@@ -144,7 +166,13 @@ def metrics_table(summary: Mapping[str, Any]) -> str:
         table.append(line(name, entry["num_rollouts"], entry["num_failed"], entry["agent_metrics"]))
     if len(per_server) != 1:
         table.append(line("total", summary["num_rollouts"], summary["num_failed"], summary["agent_metrics"]))
-    return text_table(table, numeric=True)
+    text = text_table(table, numeric=True)
+    parts = [["server", "reward component", "mean"]]
+    for name, entry in per_server.items():
+        parts += [[name, part, f"{mean:.3f}"] for part, mean in (entry.get("reward_components") or {}).items()]
+    if len(parts) > 1:
+        text += "\n\n" + text_table(parts)
+    return text
 
 
 def text_table(rows: Sequence[Sequence[str]], *, numeric: bool = False) -> str:

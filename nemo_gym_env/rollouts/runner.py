@@ -145,7 +145,7 @@ async def _collect(jobs: Iterator[RolloutJob], writer: RolloutWriter, progress: 
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         rows = collect_jobs(jobs, concurrency=settings.concurrency, max_steps=settings.max_steps,
-                            turn_timeout_s=settings.turn_timeout)
+                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward)
         async with contextlib.aclosing(rows):
             async for row in rows:
                 writer.write(row)

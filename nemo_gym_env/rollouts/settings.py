@@ -79,6 +79,8 @@ class RolloutSettings:
     """Server request timeout, seconds."""
     turn_timeout: float | None = None
     """Policy turn timeout, seconds (None: the policy's own)."""
+    episode_reward: str = "verify"
+    """A row's ``reward``: the ``/verify`` reward, or ``sum``: plus the step rewards the tools gave."""
     resume: bool = False
     """Continue the output file: run only the rollouts not already in it."""
     allow_changes: bool = False
@@ -101,6 +103,8 @@ class RolloutSettings:
             url = getattr(self, name)
             if url is not None and not url.startswith(("http://", "https://")):
                 raise UsageError(f"{_flag(name)} must be an http:// or https:// URL, got {url!r}")
+        if self.episode_reward not in ("verify", "sum"):
+            raise UsageError(f"--episode-reward must be 'verify' or 'sum', got {self.episode_reward!r}")
         if self.api not in ("responses", "chat"):
             raise UsageError(f"--api must be 'responses' or 'chat', got {self.api!r}")
 

@@ -27,6 +27,7 @@ from nemo_gym_env.imports import lazy_exports
 if TYPE_CHECKING:
     from nemo_gym_env.errors import SessionLostError
     from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
+    from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
     from nemo_gym_env.protocol.types import (
         RESERVED_ROUTES,
         AggregateMetrics,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
         BaseVerifyRequest,
         BaseVerifyResponse,
     )
-    from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer
+    from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer, set_step_reward
     from nemo_gym_env.server.middleware import SESSION_ID_KEY
     from nemo_gym_env.server.sessions import SessionStore
 
@@ -45,6 +46,7 @@ __all__ = [
     "RESERVED_ROUTES",
     "SESSION_ID_KEY",
     "SESSION_SECRET_ENV",
+    "STEP_REWARD_HEADER",
     "AggregateMetrics",
     "AggregateMetricsRequest",
     "BaseResourcesServerConfig",
@@ -56,6 +58,7 @@ __all__ = [
     "SessionLostError",
     "SessionStore",
     "SimpleResourcesServer",
+    "set_step_reward",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
@@ -64,7 +67,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("RESERVED_ROUTES", "AggregateMetrics", "AggregateMetricsRequest", "BaseRunRequest",
                      "BaseSeedSessionRequest", "BaseSeedSessionResponse", "BaseVerifyRequest", "BaseVerifyResponse"),
                     "nemo_gym_env.protocol.types"),
-    **dict.fromkeys(("BaseResourcesServerConfig", "SimpleResourcesServer"), "nemo_gym_env.server.base"),
+    **dict.fromkeys(("BaseResourcesServerConfig", "SimpleResourcesServer", "set_step_reward"),
+                    "nemo_gym_env.server.base"),
+    "STEP_REWARD_HEADER": "nemo_gym_env.protocol.keys",
     "SESSION_ID_KEY": "nemo_gym_env.server.middleware",
     "SessionStore": "nemo_gym_env.server.sessions",
 })

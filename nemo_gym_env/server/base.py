@@ -31,6 +31,7 @@ get a 4xx whose ``error`` names the route and the field.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from abc import abstractmethod
@@ -42,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
 from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
+from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 from nemo_gym_env.protocol.metrics import aggregate_metrics
 from nemo_gym_env.protocol.types import (
     RELEASES_SESSION,
@@ -65,10 +67,30 @@ from nemo_gym_env.server.middleware import (
 from nemo_gym_env.server.serving import serve_server
 from nemo_gym_env.server.sessions import SessionStore
 
-__all__ = ["LIVENESS_ROUTES", "BaseResourcesServerConfig", "CloseSessionRequest", "SimpleResourcesServer"]
+__all__ = ["LIVENESS_ROUTES", "STEP_REWARD_HEADER", "BaseResourcesServerConfig", "CloseSessionRequest",
+           "SimpleResourcesServer", "set_step_reward"]
 
 LIVENESS_ROUTES = ("/", "/health", "/healthz", "/readyz", "/livez")
 """Where a server answers ``{"status": "ok"}`` (``GET /`` and NeMo Gym 0.7's health routes)."""
+
+
+def set_step_reward(response: Response, value: float) -> None:
+    """Give this tool call a step reward: the :data:`STEP_REWARD_HEADER` header of its reply.
+
+    The body (what the model reads) is untouched, so the route behaves the same for clients that
+    ignore step rewards, NeMo Gym's agent included. Take ``response: Response`` as a route
+    parameter (FastAPI's way to set a header on a reply built from the return value)::
+
+        async def lookup(self, body: LookupRequest, response: Response) -> LookupResponse:
+            set_step_reward(response, 0.1)
+            ...
+
+    Raises:
+        ValueError: ``value`` is not a finite number.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"a step reward is a finite number, got {value!r}")
+    response.headers[STEP_REWARD_HEADER] = repr(float(value))
 
 
 class EpisodeId(BaseModel):

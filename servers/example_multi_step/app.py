@@ -9,6 +9,11 @@ Tools:
     (the sum of the code points of the synonym's characters).
     ``POST /extract_synonym_values`` ``{"synonym_values": [int, ...]}`` -> ``{"success": true}``.
 
+Step reward (the ``x-nemo-gym-step-reward`` reply header; the tool output is unchanged):
+``get_synonym_value`` gives ``config.lookup_step_reward`` (0.1) the first time the episode looks a
+synonym up, 0.0 for a repeat. The episode's reward stays the ``/verify`` reward below unless the
+client asks for the sum (``episode_reward="sum"``).
+
 Reward: the arguments of the *last* ``extract_synonym_values`` call in the episode are the
 answer; ``reward = 1.0`` when its ``synonym_values`` equal the row's
 ``expected_synonym_values`` exactly (same values, same order), else 0.0. No such call,
@@ -24,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field, StrictInt, TypeAdapter, ValidationError
 
 from nemo_gym_env.server import (
@@ -33,6 +38,7 @@ from nemo_gym_env.server import (
     BaseVerifyRequest,
     BaseVerifyResponse,
     SimpleResourcesServer,
+    set_step_reward,
 )
 
 __all__ = [
@@ -60,7 +66,14 @@ def synonym_value(synonym: str) -> int:
 
 
 class ExampleMultiStepResourcesServerConfig(BaseResourcesServerConfig):
-    """Configuration of the multi-step server; nothing beyond the base keys."""
+    """Configuration of the multi-step server.
+
+    Attributes:
+        lookup_step_reward: The step reward of a synonym's first lookup in an episode (0 turns
+            step rewards off: no header is sent).
+    """
+
+    lookup_step_reward: float = 0.1
 
 
 class GetSynonymValueRequest(BaseModel):
@@ -156,8 +169,13 @@ class ExampleMultiStepResourcesServer(SimpleResourcesServer):
         app.post(f"/{EXTRACT_TOOL}")(self.extract_synonym_values)
         return app
 
-    async def get_synonym_value(self, body: GetSynonymValueRequest) -> GetSynonymValueResponse:
-        """The value of ``body.synonym`` (see :func:`synonym_value`)."""
+    async def get_synonym_value(self, body: GetSynonymValueRequest, request: Request,
+                                response: Response) -> GetSynonymValueResponse:
+        """The value of ``body.synonym`` (see :func:`synonym_value`); a step reward for a new lookup."""
+        if self.config.lookup_step_reward:
+            seen = self.sessions.get_or_create(self.session_id(request), set)
+            set_step_reward(response, 0.0 if body.synonym in seen else self.config.lookup_step_reward)
+            seen.add(body.synonym)
         return GetSynonymValueResponse(synonym_value=synonym_value(body.synonym))
 
     async def extract_synonym_values(self, body: ExtractSynonymValuesRequest) -> ExtractSynonymValuesResponse:

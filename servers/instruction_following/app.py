@@ -7,7 +7,10 @@ the *last* assistant message is checked against every instruction (reasoning ite
 earlier messages are ignored). The instructions live in ``instructions.py``.
 
 Reward: ``grading_mode`` ``binary`` (default): 1.0 iff every instruction is followed;
-``fraction``: the share followed. A row's ``grading_mode`` overrides the server's. Metrics:
+``fraction``: the share followed, and ``reward_components`` (NeMo Gym 0.7's multi-reward reply):
+one per instruction, named by its id (``#2``, ``#3``... for repeats), worth ``1/n`` when followed
+and 0 when not, so they sum to ``reward``. (A binary reward is not a sum of per-instruction parts,
+so binary grading gives no components.) A row's ``grading_mode`` overrides the server's. Metrics:
 ``follow_all_instructions``, ``follow_instruction_list`` and ``instruction_results``
 (``[{id, followed, detail}]``). An unknown instruction id or bad kwargs give reward 0 with
 ``failure_kind: invalid_instruction`` and a ``failure_reason`` naming it; no answer gives
@@ -39,6 +42,7 @@ __all__ = [
     "InstructionFollowingVerifyRequest",
     "InstructionFollowingVerifyResponse",
     "InstructionResult",
+    "instruction_components",
     "last_assistant_text",
 ]
 
@@ -98,12 +102,31 @@ class InstructionFollowingVerifyResponse(BaseVerifyResponse):
         follow_instruction_list: Followed or not, one per instruction id, in order.
         instruction_results: ``{id, followed, detail}`` per instruction, in order.
         grading_mode: The mode the reward was computed with.
+        reward_components: ``fraction`` grading only: see :func:`instruction_components`.
     """
 
     follow_all_instructions: bool
     follow_instruction_list: list[bool]
     instruction_results: list[InstructionResult]
     grading_mode: GradingMode
+
+
+def instruction_components(instruction_ids: list[str], followed: list[bool]) -> dict[str, float]:
+    """``fraction`` grading's reward components: ``1/n`` per followed instruction, keyed by its id.
+
+    Example:
+        >>> instruction_components(["a", "b", "a"], [True, False, True])
+        {'a': 0.3333333333333333, 'b': 0.0, 'a#2': 0.3333333333333333}
+    """
+    out: dict[str, float] = {}
+    share = 1.0 / len(followed)
+    for instruction_id, ok in zip(instruction_ids, followed):
+        name, n = instruction_id, 1
+        while name in out:
+            n += 1
+            name = f"{instruction_id}#{n}"
+        out[name] = share if ok else 0.0
+    return out
 
 
 def last_assistant_text(output: list[Any]) -> str | None:
@@ -183,6 +206,11 @@ class InstructionFollowingResourcesServer(SimpleResourcesServer):
         # A re-verified rollout row may carry an earlier failure: only this verification's counts.
         fields.pop("failure_kind", None)
         fields.pop("failure_reason", None)
+        fields.pop("reward_components", None)
+        if mode == "fraction":
+            # A failure scores 0: so do its parts.
+            fields["reward_components"] = instruction_components(
+                body.instruction_id_list, [False] * len(followed) if failure is not None else followed)
         if failure is not None:
             fields["failure_kind"], fields["failure_reason"] = failure
         return InstructionFollowingVerifyResponse(**fields)

@@ -282,3 +282,33 @@ def test_limit_sampling_overrides_and_output_format(tmp_path):
 def test_bad_arguments_are_one_line_errors(args, tmp_path):
     result = run_cli("rollouts", "--policy", "scripted", *args, "-o", str(tmp_path / "x.jsonl"), cwd=tmp_path)
     assert_one_line_error(result)
+
+
+def test_components_in_the_table_and_step_rewards_summed_on_request(tmp_path):
+    rows = []
+    for server, extra in (("instruction_following", {"grading_mode": "fraction"}), ("example_multi_step", {})):
+        for _, row, _ in iter_rows(bundled_dataset(server)):
+            rows.append({**row, **extra, "agent_ref": {"type": "resources_servers", "name": server}})
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out.jsonl"
+    result = run_cli("rollouts", "instruction_following", "example_multi_step", "--policy", "scripted",
+                     "--input", str(source), "--episode-reward", "sum", "-o", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = read_jsonl(out)
+    assert len(written) == len(rows)
+    following = [r for r in written if r["agent_ref"]["name"] == "instruction_following"]
+    multi = [r for r in written if r["agent_ref"]["name"] == "example_multi_step"]
+    for row in multi:  # 0.1 per new lookup, added to the /verify reward on request
+        assert row["verify_reward"] == 1.0 and row["step_reward_sum"] > 0
+        assert row["reward"] == pytest.approx(1.0 + row["step_reward_sum"])
+    for row in following:
+        assert sum(row["reward_components"].values()) == pytest.approx(row["verify_reward"])
+        assert row["step_rewards"] == [0.0] and row["reward"] == row["verify_reward"]
+    metrics = json.loads(metrics_path(out).read_text())
+    means = metrics["per_server"]["instruction_following"]["reward_components"]
+    assert means and metrics["per_server"]["example_multi_step"]["reward_components"] == {}
+    name, mean = next(iter(means.items()))
+    having = [r["reward_components"][name] for r in following if name in r["reward_components"]]
+    assert mean == pytest.approx(sum(having) / len(having))
+    assert "reward component" in result.stdout and f"{mean:.3f}" in result.stdout and name in result.stdout

@@ -80,3 +80,19 @@ def test_every_flag_a_message_can_name_is_a_field():
     checked = {"num_repeats", "concurrency", "limit", "max_steps", "max_output_tokens", "timeout",
                "turn_timeout", "server_url", "head_url", "base_url", "api"}
     assert checked <= fields and checked <= flags
+
+
+def test_episode_reward_is_checked_and_a_resume_with_another_is_a_difference(tmp_path):
+    from nemo_gym_env.rollouts.manifest import RunManifest, differences, read_manifest, write_manifest
+
+    with pytest.raises(UsageError, match="--episode-reward must be 'verify' or 'sum', got 'mean'"):
+        RolloutSettings(episode_reward="mean")
+    old = RunManifest(num_repeats=1, policy={"kind": "scripted"}, sampling={})
+    new = dataclasses.replace(old, episode_reward="sum")
+    assert differences(old, new) == ["--episode-reward was verify, now sum"]
+    # A manifest written before the option existed holds no such key: it was a /verify-reward run.
+    path = tmp_path / "rollouts_run.json"
+    path.write_text('{"num_repeats": 1, "policy": {"kind": "scripted"}, "sampling": {}, "inputs": {}, "format": 1}')
+    assert read_manifest(tmp_path / "rollouts.jsonl").episode_reward == "verify"
+    write_manifest(tmp_path / "rollouts.jsonl", new)
+    assert read_manifest(tmp_path / "rollouts.jsonl") == new

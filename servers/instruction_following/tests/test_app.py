@@ -556,3 +556,27 @@ def test_gym_make_plays_every_task() -> None:
                 assert (reward, terminated, truncated) == (float(correct), True, False)
     finally:
         env.close()
+
+
+# ---- reward components ------------------------------------------------------------------------
+
+
+def test_fraction_grading_gives_one_component_per_instruction_summing_to_reward(client) -> None:
+    ids = ["punctuation:no_comma", "detectable_format:title", "punctuation:no_comma"]
+    row = row_with(ids, [None, None, None], grading_mode="fraction")
+    reply = verify(client, row, [assistant_message("<<T>> one, two")])
+    assert reply["reward_components"] == {"punctuation:no_comma": 0.0, "detectable_format:title": 1 / 3,
+                                          "punctuation:no_comma#2": 0.0}
+    assert sum(reply["reward_components"].values()) == pytest.approx(reply["reward"])
+
+
+def test_binary_grading_and_failures_give_no_stale_components(client) -> None:
+    row = row_with(["detectable_format:title"], [None])
+    assert "reward_components" not in verify(client, row, [assistant_message("<<T>> x")])
+    # A re-verified row carries the components of an earlier verification: they are not echoed back.
+    stale = {**row, "reward_components": {"old": 1.0}}
+    assert "reward_components" not in verify(client, stale, [assistant_message("<<T>> x")])
+    broken = row_with(["detectable_format:title", "no:such"], [None, None], grading_mode="fraction")
+    reply = verify(client, broken, [assistant_message("<<T>> x")])
+    assert reply["failure_kind"] == "invalid_instruction" and reply["reward"] == 0.0
+    assert reply["reward_components"] == {"detectable_format:title": 0.0, "no:such": 0.0}  # a failure scores 0

@@ -151,3 +151,17 @@ def test_bundled_servers_are_launched_and_shut_down() -> None:
 
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/", timeout=2.0)
+
+
+def test_step_rewards_reach_each_turn_of_the_message_log(launched: dict[str, str]) -> None:
+    """example_multi_step gives 0.1 per new lookup: each assistant message carries its turn's step reward."""
+    producer = NemoGymRollouts({}, servers={"example_multi_step": launched["example_multi_step"]},
+                               policy=TokenPolicy("example_multi_step"))
+    out = _drain(producer, _rows("example_multi_step", 2))
+    assert sorted(i for i, _, _ in out) == [0, 1]
+    for _, result, _ in out:
+        assert_layout(result)
+        full = result["full_result"]
+        turns = [m["step_reward"] for m in result["message_log"] if m["role"] == "assistant"]
+        assert turns == full["step_rewards"] and sum(turns) == pytest.approx(full["step_reward_sum"])
+        assert full["step_reward_sum"] > 0 and full["reward"] == 1.0  # the episode's reward stays /verify's

@@ -148,3 +148,32 @@ def test_token_turns_of_items_skip_environment_items() -> None:
              {"type": "message", "role": "assistant", "content": "a", **three_turns()[0]}]
     turns = token_turns(items)
     assert len(turns) == 1 and turns[0].where == "output item 1"
+
+
+# ---- step rewards ---------------------------------------------------------------------------------
+
+
+def test_step_rewards_go_on_each_assistant_message() -> None:
+    verdict = {**VERIFY, "reward": 1.0, "step_rewards": [0.25, 0.0, 0.5], "step_reward_sum": 0.75}
+    result = to_nemo_rl_result(three_turns(), verdict)
+    assert_layout(result)
+    assert [m.get("step_reward") for m in result["message_log"]] == [None, 0.25, None, 0.0, None, 0.5]
+    assert result["full_result"]["step_rewards"] == [0.25, 0.0, 0.5]
+    assert result["full_result"]["reward"] == 1.0  # the episode's reward is not changed by its step rewards
+    check_nemo_rl_result(result)
+
+
+def test_without_step_rewards_messages_have_none() -> None:
+    result = to_nemo_rl_result(three_turns(), VERIFY)
+    assert all("step_reward" not in m for m in result["message_log"])
+
+
+@pytest.mark.parametrize(("step_rewards", "why"), [
+    ([0.25, 0.0], r"2 step_rewards for 3 model calls"),
+    ([0.25, "x", 0.0], r"step_rewards\[1\] = 'x' is not a finite number"),
+    ([0.25, float("nan"), 0.0], r"step_rewards\[1\] = nan"),
+    ({"a": 1}, r"step_rewards must be a list"),
+])
+def test_bad_step_rewards_are_refused(step_rewards, why) -> None:
+    with pytest.raises(NemoRLFormatError, match=why):
+        to_nemo_rl_result(three_turns(), {**VERIFY, "step_rewards": step_rewards})

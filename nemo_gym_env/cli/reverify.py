@@ -1,0 +1,115 @@
+"""``nemo-gym-env reverify``: re-send stored rollouts' verify bodies to the current servers (no policy).
+
+Servers come as ``rollouts`` gets them: launched by the command (the servers the rows name in
+``agent_ref``, bundled NAMEs, or ``+config_paths=[...]``), or already running (``--server-url``
+for one server, ``--head-url``). See :mod:`nemo_gym_env.rollouts.reverify`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
+from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.errors import UsageError
+from nemo_gym_env.launch.config import server_specs
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.launch.signals import Stopped, sigterm_raises
+from nemo_gym_env.rollouts.identity import server_of
+from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, metrics_path
+from nemo_gym_env.rollouts.plan import load_run_config
+from nemo_gym_env.rollouts.report import Progress, write_metrics
+from nemo_gym_env.rollouts.reverify import change_table, check_input, compare, count_by_server, reverify_rows
+
+__all__ = ["cmd_reverify", "default_output"]
+
+
+def default_output(path: str | Path) -> Path:
+    """``results/rollouts.jsonl`` -> ``results/rollouts_reverified.jsonl``."""
+    path = Path(path)
+    return path.with_name(path.stem + "_reverified.jsonl")
+
+
+def _route(targets: dict[str, str]):
+    only = next(iter(targets)) if len(targets) == 1 else None
+
+    def route(row) -> str:
+        name = server_of(row)
+        if name in targets:
+            return name
+        if only is not None:
+            return only
+        raise UsageError(f"a row names server {name!r}, which is none of {', '.join(targets)}")
+
+    return route
+
+
+def cmd_reverify(args: argparse.Namespace) -> int:
+    """Re-verify every row of a rollouts file; write the new rows; print what changed."""
+    source = Path(args.rollouts)
+    output = Path(args.output) if args.output else default_output(source)
+    if output.resolve() == source.resolve():
+        raise UsageError("the output is the input file; write the re-verified rows to another -o/--output")
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.server_url and args.head_url:
+        raise UsageError("give --head-url or --server-url, not both")
+    total = check_input(source)
+    names, overrides = split_targets(args.targets)
+    per_server = count_by_server(source)
+    launcher = None
+    stopped: list[int] = []
+    try:
+        if args.server_url:
+            targets = {names[0] if names else "server": args.server_url.rstrip("/")}
+        elif args.head_url:
+            targets = fetch_servers(args.head_url)
+        else:
+            configured = any("config_paths" in o for o in overrides)
+            # The servers the rows name, unless the command names them (or a config brings them).
+            wanted = names or ([] if configured else sorted(n for n in per_server if n))
+            if not wanted and not configured:
+                raise UsageError("the rows name no server (agent_ref); name one, or give --server-url")
+            cfg = load_run_config(wanted, overrides, env_yaml_path(args))
+            specs = server_specs(cfg)
+            launcher = Launcher(auto_restart=True, log_dir=args.log_dir)
+            targets = {proc.name: proc.url for proc in launcher.start_all(specs)}
+            say(f"started {len(targets)} server(s): {', '.join(targets)}")
+        route = _route(targets)
+        for name in per_server:  # every row has a server before anything is written
+            route({"agent_ref": {"name": name}} if name else {})
+        clients = {n: ResourcesClient(u, timeout_s=args.timeout, verify_timeout_s=args.timeout) for n, u in targets.items()}
+        with sigterm_raises(), RolloutWriter(output, resume=args.resume) as writer:
+            if writer.torn_bytes:
+                say(f"dropped a torn last line ({writer.torn_bytes} bytes) of {output} left by an interrupted run")
+            if args.resume:
+                say(f"resuming {output}: {writer.resumed_rows} row(s) already there")
+            progress = Progress(total, initial=writer.resumed_rows, label="reverify")
+            try:
+                asyncio.run(reverify_rows(source, route, clients, writer, concurrency=args.concurrency,
+                                          on_row=progress.update))
+            finally:
+                progress.close()
+    except KeyboardInterrupt:
+        stopped.append(signal.SIGINT)
+    except Stopped:
+        stopped.append(signal.SIGTERM)
+    finally:
+        if launcher is not None:
+            launcher.close()
+    if stopped:
+        say(f"interrupted: {output} holds every finished row; rerun with --resume to finish")
+        return 128 + int(stopped[0])
+    print(change_table(compare(source, output)))
+    summary = write_metrics(output)
+    print(f"\nreverified: {output} ({summary['num_rollouts']} rows)\nmetrics:    {metrics_path(output)}")
+    if summary["num_failed"]:
+        print(f"failures:   {failures_path(output)}")
+        say(f"{summary['num_failed']} row(s) could not be re-verified (reasons in {failures_path(output)}); "
+            "--resume retries them")
+        return 1
+    return 0
