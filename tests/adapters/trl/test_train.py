@@ -22,6 +22,7 @@ import torch
 
 import nemo_gym_env  # noqa: F401
 from nemo_gym_env.adapters.trl import env_reward, nemo_gym_environment, nemo_gym_rollout_func, tasks_dataset
+from nemo_gym_env.adapters.trl.generation import checkpointing
 
 from ..conftest import secret_rows, secret_spec, verify_log
 
@@ -47,7 +48,7 @@ def grpo_config(tmp_path, **overrides):
     # batch take gigabytes.
     settings = {"output_dir": str(tmp_path), "max_steps": 2, "num_generations": 2, "per_device_train_batch_size": 2,
                 "gradient_accumulation_steps": 2, "learning_rate": 1e-5, "max_completion_length": 72,
-                "temperature": 1.0, "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
+                "temperature": 1.0, "use_cpu": True, "bf16": False, **checkpointing(False),
                 "logging_steps": 1, "report_to": "none", "save_strategy": "no", "seed": 0, "shuffle_dataset": False}
     settings.update(overrides)
     return GRPOConfig(**settings)
