@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,8 @@ from nemo_gym_env.envs.registration import MIXTURE_ID
 from nemo_gym_env.errors import ConfigError
 from nemo_gym_env.protocol.keys import AGENT_REF_KEY
 
-__all__ = ["ENVIRONMENT_KEY", "MIXTURE_ID", "MixtureEntry", "apportion", "assign", "mixture_entries",
-           "mixture_rows"]
+__all__ = ["ENVIRONMENT_KEY", "MIXTURE_ID", "MixtureEntry", "apportion", "assign", "draw_mixture",
+           "entry_env_kwargs", "mixture_entries", "mixture_rows"]
 
 ENVIRONMENT_KEY = "environment"
 """The column naming a row's env id (the name TRL's multi-environment ``environment_factory`` reads)."""
@@ -146,6 +145,43 @@ def assign(entries: Sequence[MixtureEntry], num_envs: int, seed: int | None = 0)
     return [ids[k] for k in np.random.default_rng(seed).permutation(len(ids))]
 
 
+def entry_env_kwargs(entry: MixtureEntry) -> dict[str, Any]:
+    """An entry's own env arguments, its bundled server's example data as ``dataset`` unless it gives one."""
+    from nemo_gym_env.launch.catalog import bundled_dataset
+
+    kwargs = dict(entry.kwargs)
+    if entry.server is not None and kwargs.get("dataset") is None:
+        kwargs["dataset"] = str(bundled_dataset(entry.server))
+    return kwargs
+
+
+def draw_mixture(envs: Mapping[str, Any], num_rows: int | None = None, *,
+                 seed: int = 0) -> list[tuple[MixtureEntry, int, dict[str, Any]]]:
+    """``(entry, task index, task row)`` for ``num_rows`` draws, as :func:`mixture_rows` makes them."""
+    from nemo_gym_env.protocol.dataset import load_rows
+
+    entries = mixture_entries(envs)
+    sources = []
+    for entry in entries:
+        rows = load_rows(entry_env_kwargs(entry)["dataset"])
+        if not rows:
+            raise ConfigError(f"mixture: {entry.env_id} has no task rows")
+        sources.append(rows)
+    if num_rows is None:
+        num_rows = sum(len(rows) for rows in sources)
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
+        raise ConfigError(f"mixture: num_rows must be an int >= 1, got {num_rows!r}")
+    counts = apportion([e.weight for e in entries], num_rows)
+    rng = np.random.default_rng(seed)
+    drawn = []
+    for entry, rows, count in zip(entries, sources, counts):
+        order: list[int] = []
+        while len(order) < count:
+            order.extend(int(k) for k in rng.permutation(len(rows)))
+        drawn.extend((entry, k, rows[k]) for k in order[:count])
+    return [drawn[k] for k in rng.permutation(len(drawn))]
+
+
 def mixture_rows(envs: Mapping[str, Any], num_rows: int | None = None, *, seed: int = 0) -> list[dict[str, Any]]:
     """Task rows of a mixture: ``num_rows`` rows, each environment's share by weight, shuffled.
 
@@ -160,34 +196,11 @@ def mixture_rows(envs: Mapping[str, Any], num_rows: int | None = None, *, seed: 
         >>> sorted(r["agent_ref"]["name"] for r in rows)
         ['math', 'math', 'math', 'math', 'math', 'math', 'mcqa', 'mcqa']
     """
-    from nemo_gym_env.launch.catalog import bundled_dataset
-    from nemo_gym_env.protocol.dataset import load_rows
-
-    entries = mixture_entries(envs)
-    sources: list[list[dict[str, Any]]] = []
-    for entry in entries:
-        dataset = entry.kwargs.get("dataset")
-        source: str | Path | Sequence[dict[str, Any]] = dataset if dataset is not None else \
-            bundled_dataset(entry.server)  # type: ignore[arg-type]
-        rows = load_rows(source)
-        if not rows:
-            raise ConfigError(f"mixture: {entry.env_id} has no task rows")
-        sources.append(rows)
-    if num_rows is None:
-        num_rows = sum(len(rows) for rows in sources)
-    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
-        raise ConfigError(f"mixture: num_rows must be an int >= 1, got {num_rows!r}")
-    counts = apportion([e.weight for e in entries], num_rows)
-    rng = np.random.default_rng(seed)
     out = []
-    for entry, rows, count in zip(entries, sources, counts):
-        order: list[int] = []
-        while len(order) < count:
-            order.extend(int(k) for k in rng.permutation(len(rows)))
-        for k in order[:count]:
-            row = dict(rows[k])
-            if entry.server is not None:
-                row.setdefault(AGENT_REF_KEY, {"type": "resources_servers", "name": entry.server})
-            row[ENVIRONMENT_KEY] = entry.env_id
-            out.append(row)
-    return [out[k] for k in rng.permutation(len(out))]
+    for entry, _, task in draw_mixture(envs, num_rows, seed=seed):
+        row = dict(task)
+        if entry.server is not None:
+            row.setdefault(AGENT_REF_KEY, {"type": "resources_servers", "name": entry.server})
+        row[ENVIRONMENT_KEY] = entry.env_id
+        out.append(row)
+    return out

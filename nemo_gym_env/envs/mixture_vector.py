@@ -28,11 +28,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.envs.episode import Episode
-from nemo_gym_env.envs.mixture import ENTRY_KEYS, MixtureEntry, assign, mixture_entries
+from nemo_gym_env.envs.mixture import ENTRY_KEYS, MixtureEntry, assign, entry_env_kwargs, mixture_entries
 from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
 from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
 from nemo_gym_env.errors import ConfigError
-from nemo_gym_env.launch.catalog import bundled_dataset
 
 __all__ = ["NemoGymMixtureVectorEnv"]
 
@@ -94,11 +93,8 @@ class NemoGymMixtureVectorEnv(VectorEnv):
         try:
             for entry in entries:
                 indices = [i for i, e in enumerate(self.env_ids) if e == entry.env_id]
-                own = dict(entry.kwargs)
-                if entry.server is not None and own.get("dataset") is None:  # its server's data, even at a base_url
-                    own["dataset"] = bundled_dataset(entry.server)
                 env = NemoGymVectorEnv(entry.server, len(indices), autoreset_mode=self.autoreset_mode,
-                                       **{**kwargs, **own})
+                                       **{**kwargs, **entry_env_kwargs(entry)})
                 self.parts.append(_Part(entry, env, indices))
         except BaseException:
             self.close()
