@@ -8,10 +8,8 @@ does it. :func:`any_live` keeps the ranks of a distributed run in step, turn by 
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,7 +67,7 @@ def hf_generate(trainer: Any) -> Generate:
             attention[row, width - len(prompts[i]):] = 1
         # Every rank enters the unwrap context on every turn (a collective under DeepSpeed ZeRO-3), even with
         # nothing to generate, so the ranks stay in step.
-        with _no_old_checkpointing_warning(), unwrap_model_for_generation(
+        with unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator,
             gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
             generation_kwargs=getattr(trainer, "generation_kwargs", None),
@@ -167,15 +165,6 @@ def checkpointing(enabled: bool = False) -> dict[str, bool]:
         True
     """
     return {"activation_checkpointing" if _new_checkpointing_name() else "gradient_checkpointing": enabled}
-
-
-@contextlib.contextmanager
-def _no_old_checkpointing_warning() -> Iterator[None]:
-    """Silences one FutureWarning around TRL's ``unwrap_model_for_generation``: TRL 1.16 reads the
-    model's ``is_gradient_checkpointing``, which transformers 5.x deprecates; nothing of ours uses it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        yield
 
 
 def _checkpointing_kwargs(args: Any) -> dict | None:
