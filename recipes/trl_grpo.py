@@ -132,6 +132,7 @@ def main(cfg: DictConfig) -> None:
 
     import nemo_gym_env  # noqa: F401  (registers the NemoGym/* ids)
     from nemo_gym_env.adapters.trl import env_reward, nemo_gym_rollout_func, tasks_dataset
+    from nemo_gym_env.adapters.trl.generation import checkpointing
     from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 
     if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
@@ -177,7 +178,7 @@ def main(cfg: DictConfig) -> None:
         vllm_mode=args.vllm_mode,
         bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=False,
+        **checkpointing(False),
         logging_steps=1,
         save_strategy="no",
         report_to="none",

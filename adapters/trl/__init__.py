@@ -23,6 +23,13 @@ TRL can parse)::
     trainer = GRPOTrainer(..., train_dataset=tasks_dataset("NemoGym/example_single_tool_call-v0"),
                           environment_factory=nemo_gym_environment("NemoGym/example_single_tool_call-v0"))
 
+Several environments in one run: ``environment_factory=nemo_gym_environments(envs)`` (a dict
+of classes, TRL's multi-environment mode) with ``train_dataset=mixture_dataset(envs)``, whose
+``environment`` column routes each row; ``envs`` is a mixture (env id -> weight), as
+``gym.make_vec("NemoGym/Mixture-v0", envs=envs)`` takes it. With no ``train_dataset`` (one
+environment, ``max_steps`` set), ``nemo_gym_environment(env_id, num_generations=G)`` draws
+the tasks itself and ``reset`` returns their text.
+
 One module per job: ``tasks`` (the dataset, and the task row behind a prompt), ``rewards``
 (:func:`env_reward`), ``generation`` (the trainer's own generation: HF or vLLM),
 ``rollout`` (:class:`NemoGymRollout`), ``environment`` (:func:`nemo_gym_environment`). The
@@ -60,11 +67,11 @@ from typing import TYPE_CHECKING
 from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
-    from nemo_gym_env.adapters.trl.environment import nemo_gym_environment
+    from nemo_gym_env.adapters.trl.environment import nemo_gym_environment, nemo_gym_environments
     from nemo_gym_env.adapters.trl.generation import Generate, trainer_generate
     from nemo_gym_env.adapters.trl.rewards import component_rewards, env_reward
     from nemo_gym_env.adapters.trl.rollout import NemoGymRollout, nemo_gym_rollout_func
-    from nemo_gym_env.adapters.trl.tasks import TASK_KEY, env_rows, tasks_dataset
+    from nemo_gym_env.adapters.trl.tasks import TASK_KEY, env_rows, mixture_dataset, tasks_dataset
 
 __all__ = [
     "TASK_KEY",
@@ -73,16 +80,18 @@ __all__ = [
     "component_rewards",
     "env_reward",
     "env_rows",
+    "mixture_dataset",
     "nemo_gym_environment",
+    "nemo_gym_environments",
     "nemo_gym_rollout_func",
     "tasks_dataset",
     "trainer_generate",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("TASK_KEY", "env_rows", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
+    **dict.fromkeys(("TASK_KEY", "env_rows", "mixture_dataset", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
     **dict.fromkeys(("component_rewards", "env_reward"), "nemo_gym_env.adapters.trl.rewards"),
     **dict.fromkeys(("Generate", "trainer_generate"), "nemo_gym_env.adapters.trl.generation"),
     **dict.fromkeys(("NemoGymRollout", "nemo_gym_rollout_func"), "nemo_gym_env.adapters.trl.rollout"),
-    "nemo_gym_environment": "nemo_gym_env.adapters.trl.environment",
+    **dict.fromkeys(("nemo_gym_environment", "nemo_gym_environments"), "nemo_gym_env.adapters.trl.environment"),
 })

@@ -9,21 +9,25 @@ answer need the ``rollout_func`` route (:mod:`nemo_gym_env.adapters.trl.rollout`
 
 from __future__ import annotations
 
+import copyreg
 import inspect
 import json
 import keyword
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from nemo_gym_env.adapters.trl.tasks import SharedEnv, env_rows
+import numpy as np
+
+from nemo_gym_env.adapters.trl.tasks import SharedEnv, chat_messages, env_rows
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
 from nemo_gym_env.errors import ServerError
 
-__all__ = ["nemo_gym_environment"]
+__all__ = ["nemo_gym_environment", "nemo_gym_environments"]
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict}
 _NO_TURN_LIMIT = 1 << 30
@@ -96,27 +100,69 @@ def _tool_method(route: str, tool: dict[str, Any]) -> Callable[..., str]:
     return method
 
 
+class _EnvironmentClass(type):
+    """Metaclass of the classes :func:`nemo_gym_environment` builds: such a class pickles as the
+    call that builds it, so it can cross into another process (``AsyncGRPOTrainer`` spawns one)."""
+
+
+_BUILT: dict[str, type] = {}
+_BUILT_LOCK = threading.Lock()
+
+
+def _build_key(env_id: str, options: dict[str, Any]) -> str:
+    return json.dumps([env_id, options], sort_keys=True, default=repr)
+
+
+def _rebuild(env_id: str, options: dict[str, Any]) -> type:
+    """The class of ``nemo_gym_environment(env_id, **options)``: the one this process last built with
+    these arguments, so that a class unpickled twice (or in the process that made it) is one object."""
+    key = _build_key(env_id, options)
+    with _BUILT_LOCK:
+        found = _BUILT.get(key)
+    return found if found is not None else nemo_gym_environment(env_id, **options)
+
+
+copyreg.pickle(_EnvironmentClass, lambda cls: (_rebuild, cls._build_args))
+
+
+def _is_placeholder(prompt: Any) -> bool:
+    """TRL's stand-in prompt when there is no dataset (or no ``prompt`` column): one empty user message."""
+    return (isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], dict)
+            and prompt[0].get("role") == "user" and not prompt[0].get("content"))
+
+
 class _ToolEnvironment:
     """Base of the classes :func:`nemo_gym_environment` builds. Public methods are tools, so keep them so."""
 
     _shared: SharedEnv
+    _build_args: tuple[str, dict[str, Any]]
+    _num_generations: int
+    _draws: dict[str, Any]
 
     def __init__(self) -> None:
         self._episode: Episode | None = None
         self._error: str | None = None
         self._calls = 0
 
-    def reset(self, task: str | int | None = None, prompt: Any = None, **row: Any) -> None:
-        """Start an episode on the dataset row's task (``task`` from ``tasks_dataset``); returns None."""
+    def reset(self, task: str | int | None = None, prompt: Any = None, **row: Any) -> str | None:
+        """Start an episode on the dataset row's task (``task`` from ``tasks_dataset``).
+
+        Returns None, or, when the row names no task (TRL's placeholder rows when training has no
+        ``train_dataset``), the text of a task the environment draws itself, which TRL appends to
+        the empty prompt: the same task for each run of ``num_generations`` resets.
+        """
         env, tasks = self._shared.get()
+        observation = None
         if isinstance(task, str):
             task_row, index = tasks.task(task)
         elif isinstance(task, int) and not isinstance(task, bool):
             task_row, index = env.rows[task], task
-        elif prompt is not None:
-            task_row, index = tasks.find(prompt)
+        elif prompt is None or _is_placeholder(prompt):
+            index = self._draw(len(env.rows))
+            task_row = env.rows[index]
+            observation = "\n\n".join(m["content"] for m in chat_messages(task_row) if m["content"])
         else:
-            raise ValueError("reset needs the row's 'task' (build the dataset with tasks_dataset(...)) or its 'prompt'")
+            task_row, index = tasks.find(prompt)
         self._episode = env.open_episode(task_row, index, _NO_TURN_LIMIT)
         if isinstance(self._episode, GymnasiumEpisode):
             raise ValueError(f"{env.server_name} speaks the Gymnasium protocol (/reset, /step): it has no tools for "
@@ -126,6 +172,17 @@ class _ToolEnvironment:
             background_loop().run(self._episode.start())
         except ServerError as exc:
             self._error = str(exc)[:1000]
+        return observation
+
+    @classmethod
+    def _draw(cls, num_rows: int) -> int:
+        """The task index of the next reset without a task: a new seeded draw every ``num_generations`` resets."""
+        draws = cls._draws
+        with draws["lock"]:
+            if draws["count"] % cls._num_generations == 0:
+                draws["index"] = int(draws["rng"].integers(num_rows))
+            draws["count"] += 1
+            return draws["index"]
 
     def get_reward(self) -> float | None:
         """``POST /verify`` with the trajectory so far (the tool calls and their outputs); None if the episode failed."""
@@ -155,7 +212,7 @@ class _ToolEnvironment:
         return observation[0]["output"]
 
 
-def nemo_gym_environment(env_id: str, **env_kwargs: Any) -> type:
+def nemo_gym_environment(env_id: str, *, num_generations: int = 1, seed: int | None = 0, **env_kwargs: Any) -> type:
     """A TRL ``environment_factory``: a class whose methods are the server's tools.
 
     The tools come from the first task row's ``tools`` (name, description and JSON-schema
@@ -167,6 +224,14 @@ def nemo_gym_environment(env_id: str, **env_kwargs: Any) -> type:
     up). One env, and its embedded server, is shared by all instances and made at the first
     ``reset``; ``close()`` on the class releases it.
 
+    With no ``train_dataset`` (TRL allows it for a single environment, with ``max_steps``), rows
+    carry no task: the environment draws one from its rows (seeded by ``seed``), returns its text
+    from ``reset`` (TRL appends it to the empty prompt) and keeps it for ``num_generations``
+    resets in a row, as TRL makes them for one group; pass the trainer's ``num_generations``.
+
+    The class pickles as this call (its arguments must pickle), and unpickles in another process
+    into a class of its own there: ``AsyncGRPOTrainer`` sends it to a spawned worker.
+
     TRL gives the environment the tool calls only, never the model's text, so verifiers that
     read the final answer need the ``rollout_func`` route.
 
@@ -176,6 +241,8 @@ def nemo_gym_environment(env_id: str, **env_kwargs: Any) -> type:
         >>> get_json_schema(Env.get_weather)["function"]["parameters"]["required"]
         ['city']
     """
+    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"num_generations must be an int >= 1, got {num_generations!r}")
     rows = env_rows(env_id, **env_kwargs)
     tools = [t for t in rows[0]["responses_create_params"].get("tools") or [] if isinstance(t, dict)]
     namespace: dict[str, Any] = {"_shared": SharedEnv(env_id, env_kwargs)}
@@ -191,4 +258,30 @@ def nemo_gym_environment(env_id: str, **env_kwargs: Any) -> type:
     name = "".join(part.capitalize() for part in re.split(r"\W+", env_id.split("/")[-1].rsplit("-v", 1)[0]) if part)
     namespace["__doc__"] = f"Tools of {env_id}, one episode per reset (built by nemo_gym_environment)."
     namespace["__module__"] = __name__
-    return type(f"{name}Environment", (_ToolEnvironment,), namespace)
+    namespace["_build_args"] = (env_id, {"num_generations": num_generations, "seed": seed, **env_kwargs})
+    namespace["_num_generations"] = num_generations
+    namespace["_draws"] = {"lock": threading.Lock(), "count": 0, "index": 0, "rng": np.random.default_rng(seed)}
+    cls = _EnvironmentClass(f"{name}Environment", (_ToolEnvironment,), namespace)
+    with _BUILT_LOCK:  # unpickled in this process, it is this class again (the latest of equal calls)
+        _BUILT[_build_key(*namespace["_build_args"])] = cls
+    return cls
+
+
+def nemo_gym_environments(envs: Mapping[str, Any]) -> dict[str, type]:
+    """TRL's multi-environment ``environment_factory``: ``{env id: nemo_gym_environment(env id, ...)}``.
+
+    ``envs`` is a mixture (:func:`~nemo_gym_env.envs.mixture.mixture_entries`: env id -> weight,
+    or -> ``{"weight": w, "base_url": ..., "dataset": ...}``); the weights only matter to the
+    dataset (:func:`~nemo_gym_env.adapters.trl.tasks.mixture_dataset`), whose ``environment``
+    column names these keys. A bundled id plays its server's example rows unless its entry
+    gives a ``dataset``, even at a given ``base_url``.
+
+    Example:
+        >>> factories = nemo_gym_environments({"NemoGym/example_single_tool_call-v0": 1,
+        ...                                    "NemoGym/example_session_state_mgmt-v0": 1})
+        >>> sorted(cls.__name__ for cls in factories.values())
+        ['Example_session_state_mgmtEnvironment', 'Example_single_tool_callEnvironment']
+    """
+    from nemo_gym_env.envs.mixture import entry_env_kwargs, mixture_entries
+
+    return {e.env_id: nemo_gym_environment(e.env_id, **entry_env_kwargs(e)) for e in mixture_entries(envs)}

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Generate", "any_live", "eos_ids", "hf_generate", "tokenizer_of", "trainer_generate", "vllm_generate"]
+__all__ = ["Generate", "any_live", "checkpointing", "eos_ids", "hf_generate", "tokenizer_of", "trainer_generate",
+           "vllm_generate"]
 
 Generate = Callable[[list[list[int] | None], list[int]], list[tuple[list[int], list[float | None]] | None]]
 """``generate(prompts, budgets)``: for each prompt (token ids, or None for a row that has
@@ -70,7 +71,7 @@ def hf_generate(trainer: Any) -> Generate:
             trainer.model_wrapped, trainer.accelerator,
             gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
             generation_kwargs=getattr(trainer, "generation_kwargs", None),
-            gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
+            gradient_checkpointing_kwargs=_checkpointing_kwargs(args),
         ) as model, torch.no_grad():
             if not live:
                 return results
@@ -143,3 +144,31 @@ def any_live(trainer: Any) -> Callable[[int], bool]:
         return bool(counts.sum().item() > 0)
 
     return live_on_any_rank
+
+
+def _new_checkpointing_name() -> bool:
+    """Whether the installed transformers calls it ``activation_checkpointing`` (5.x; the old name warns)."""
+    from transformers import TrainingArguments
+
+    return "activation_checkpointing" in getattr(TrainingArguments, "__dataclass_fields__", {})
+
+
+def checkpointing(enabled: bool = False) -> dict[str, bool]:
+    """The config keyword that switches activation (gradient) checkpointing, under the installed name.
+
+    transformers 5.x renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and warns
+    (``FutureWarning``) when a config sets only the old one; ``GRPOConfig`` sets the old one to True
+    by default, so pass ``**checkpointing(False)`` (or True) to ``GRPOConfig``.
+
+    Example:
+        >>> next(iter(checkpointing(False))) in ("activation_checkpointing", "gradient_checkpointing")
+        True
+    """
+    return {"activation_checkpointing" if _new_checkpointing_name() else "gradient_checkpointing": enabled}
+
+
+def _checkpointing_kwargs(args: Any) -> dict | None:
+    """The args' checkpointing keyword arguments, read under the installed name."""
+    if hasattr(args, "activation_checkpointing_kwargs"):
+        return args.activation_checkpointing_kwargs
+    return getattr(args, "gradient_checkpointing_kwargs", None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from nemo_gym_env.envs.env import NemoGymEnv
 
-__all__ = ["TASK_KEY", "SharedEnv", "TaskTable", "env_rows", "tasks_dataset"]
+__all__ = ["TASK_KEY", "SharedEnv", "TaskTable", "chat_messages", "env_rows", "mixture_dataset", "tasks_dataset"]
 
 TASK_KEY = "nemo_gym_task"
 """Key of the task row (JSON) on the first message of every prompt :func:`tasks_dataset` writes."""
@@ -68,7 +68,7 @@ def env_rows(source: str | Path | Sequence[dict[str, Any]], **env_kwargs: Any) -
                      f"({', '.join(sorted(bundled_servers()))}) nor a JSONL file")
 
 
-def _chat_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+def chat_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     """The row's input (and ``instructions``) as plain ``{"role", "content"}`` chat messages."""
     params = row["responses_create_params"]
     messages = [{"role": "system", "content": params["instructions"]}] if params.get("instructions") else []
@@ -113,13 +113,38 @@ def tasks_dataset(source: str | Path | Sequence[dict[str, Any]], **env_kwargs: A
     # `datasets` comes with the trl extra and takes seconds to import; only this function needs it.
     from datasets import Dataset
 
-    records = []
-    for index, row in enumerate(env_rows(source, **env_kwargs)):
-        messages = _chat_messages(row)
-        task = json.dumps(row, ensure_ascii=False)
-        messages = [{**m, TASK_KEY: task if n == 0 else None} for n, m in enumerate(messages)]
-        records.append({"prompt": messages, "task": task, "task_index": index})
-    return Dataset.from_list(records)
+    return Dataset.from_list([_record(row, index) for index, row in enumerate(env_rows(source, **env_kwargs))])
+
+
+def _record(row: dict[str, Any], index: int) -> dict[str, Any]:
+    messages = chat_messages(row)
+    task = json.dumps(row, ensure_ascii=False)
+    messages = [{**m, TASK_KEY: task if n == 0 else None} for n, m in enumerate(messages)]
+    return {"prompt": messages, "task": task, "task_index": index}
+
+
+def mixture_dataset(envs: Mapping[str, Any], num_rows: int | None = None, *, seed: int = 0) -> Dataset:
+    """A TRL training dataset of a mixture: :func:`tasks_dataset`'s columns plus ``environment``.
+
+    ``envs`` and the draw are :func:`~nemo_gym_env.envs.mixture.mixture_rows`'s (env id ->
+    weight, or -> ``{"weight": w, "base_url": ..., "dataset": ...}``; ``num_rows`` rows, each
+    environment's share by weight, in a seeded order). ``environment`` names the row's env id,
+    the column TRL's multi-environment ``environment_factory`` routes by: pass
+    ``environment_factory=nemo_gym_environments(envs)`` with the same ``envs``. ``task_index``
+    is the row's index in its own environment's rows.
+
+    Example:
+        >>> ds = mixture_dataset({"NemoGym/example_single_tool_call-v0": 3,
+        ...                       "NemoGym/example_session_state_mgmt-v0": 1}, 8)
+        >>> sorted(ds["environment"]).count("NemoGym/example_single_tool_call-v0")
+        6
+    """
+    from datasets import Dataset
+
+    from nemo_gym_env.envs.mixture import ENVIRONMENT_KEY, draw_mixture
+
+    return Dataset.from_list([{**_record(row, index), ENVIRONMENT_KEY: entry.env_id}
+                              for entry, index, row in draw_mixture(envs, num_rows, seed=seed)])
 
 
 class TaskTable:
@@ -134,7 +159,7 @@ class TaskTable:
         self._index_by_row = {_row_key(row): i for i, row in enumerate(self.rows)}
         self._by_messages: dict[str, int | None] = {}
         for i, row in enumerate(self.rows):
-            key = _messages_key(_chat_messages(row))
+            key = _messages_key(chat_messages(row))
             self._by_messages[key] = None if key in self._by_messages else i  # None: ambiguous
         self._carried: dict[str, tuple[dict[str, Any], int | None]] = {}
 

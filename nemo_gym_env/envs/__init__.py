@@ -2,6 +2,8 @@
 
 - :mod:`~nemo_gym_env.envs.env`: :class:`NemoGymEnv`, one episode at a time;
 - :mod:`~nemo_gym_env.envs.vector`: :class:`NemoGymVectorEnv`, thousands on one event loop;
+- :mod:`~nemo_gym_env.envs.mixture`, :mod:`~nemo_gym_env.envs.mixture_vector`: several envs by
+  weight (``NemoGym/Mixture-v0``, :class:`NemoGymMixtureVectorEnv`, :func:`mixture_rows`);
 - :mod:`~nemo_gym_env.envs.episode`: :class:`Episode`, the state and steps both share;
 - :mod:`~nemo_gym_env.envs.actions`: what a model turn may be, normalised into items;
 - :mod:`~nemo_gym_env.envs.spaces`: the observation and action spaces;
@@ -21,7 +23,9 @@ if TYPE_CHECKING:
     from nemo_gym_env.envs.actions import normalize_action
     from nemo_gym_env.envs.env import NemoGymEnv
     from nemo_gym_env.envs.episode import Episode
-    from nemo_gym_env.envs.registration import GENERIC_ID, env_id, register_envs
+    from nemo_gym_env.envs.mixture import mixture_rows
+    from nemo_gym_env.envs.mixture_vector import NemoGymMixtureVectorEnv
+    from nemo_gym_env.envs.registration import GENERIC_ID, MIXTURE_ID, env_id, register_envs
     from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
     from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
@@ -29,10 +33,13 @@ __all__ = [
     "GENERIC_ID",
     "Episode",
     "JsonItems",
+    "MIXTURE_ID",
     "NemoGymEnv",
+    "NemoGymMixtureVectorEnv",
     "NemoGymVectorEnv",
     "ResponsesAction",
     "env_id",
+    "mixture_rows",
     "normalize_action",
     "register_envs",
 ]
@@ -41,7 +48,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "normalize_action": "nemo_gym_env.envs.actions",
     "NemoGymEnv": "nemo_gym_env.envs.env",
     "Episode": "nemo_gym_env.envs.episode",
-    **dict.fromkeys(("GENERIC_ID", "env_id", "register_envs"), "nemo_gym_env.envs.registration"),
+    **dict.fromkeys(("GENERIC_ID", "MIXTURE_ID", "env_id", "register_envs"), "nemo_gym_env.envs.registration"),
+    "mixture_rows": "nemo_gym_env.envs.mixture",
+    "NemoGymMixtureVectorEnv": "nemo_gym_env.envs.mixture_vector",
     **dict.fromkeys(("JsonItems", "ResponsesAction"), "nemo_gym_env.envs.spaces"),
     "NemoGymVectorEnv": "nemo_gym_env.envs.vector",
 })

@@ -15,7 +15,7 @@ from typing import Any
 
 from nemo_gym_env.envs.sources import resolve_server
 
-__all__ = ["make_env", "make_vector_env"]
+__all__ = ["make_env", "make_mixture", "make_mixture_vector_env", "make_vector_env"]
 
 
 def make_env(server: str | None = None, *, base_url: str | None = None, config_paths: Any = None,
@@ -43,6 +43,20 @@ def make_vector_env(server: str | None = None, num_envs: int = 1, *, base_url: A
     except BaseException:
         handle.release()
         raise
+
+
+def make_mixture_vector_env(num_envs: int = 2, **kwargs: Any) -> Any:
+    """``gym.make_vec("NemoGym/Mixture-v0", ...)``'s entry point: a
+    :class:`~nemo_gym_env.envs.mixture_vector.NemoGymMixtureVectorEnv`."""
+    return importlib.import_module("nemo_gym_env.envs.mixture_vector").NemoGymMixtureVectorEnv(num_envs, **kwargs)
+
+
+def make_mixture(**kwargs: Any) -> Any:
+    """``gym.make("NemoGym/Mixture-v0")``: refused, a mixture is a vector env."""
+    from nemo_gym_env.errors import ConfigError
+
+    raise ConfigError("NemoGym/Mixture-v0 is a vector env: use gym.make_vec('NemoGym/Mixture-v0', num_envs=..., "
+                      "envs={env id: weight, ...})")
 
 
 def _import_env() -> Any:

@@ -11,11 +11,15 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["GENERIC_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
+__all__ = ["GENERIC_ID", "MIXTURE_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
 
 NAMESPACE = "NemoGym"
 GENERIC_ID = f"{NAMESPACE}/Generic-v0"
 """Any server: ``gym.make(GENERIC_ID, base_url=..., dataset=...)`` or ``config_paths=[...]``."""
+
+MIXTURE_ID = f"{NAMESPACE}/Mixture-v0"
+"""Several envs by weight in one vector env: ``gym.make_vec(MIXTURE_ID, num_envs=..., envs={id: weight})``
+(:mod:`nemo_gym_env.envs.mixture`)."""
 
 ENTRY_POINT = "nemo_gym_env.envs.make:make_env"
 VECTOR_ENTRY_POINT = "nemo_gym_env.envs.make:make_vector_env"
@@ -33,7 +37,7 @@ def env_id(server: str) -> str:
 
 
 def register_envs() -> list[str]:
-    """Register (once) the generic id and one id per bundled server; return the ids."""
+    """Register (once) the generic id, one id per bundled server and the mixture id; return the ids."""
     # Imported here, not at the top: a launched server process imports this module (through
     # ``import nemo_gym_env``) on its boot path and never needs Gymnasium or the config stack.
     import gymnasium as gym
@@ -53,6 +57,10 @@ def register_envs() -> list[str]:
             kwargs={} if name is None else {"server": name},
             nondeterministic=name in NONDETERMINISTIC,
         )
+    ids.append(MIXTURE_ID)
+    if MIXTURE_ID not in gym.registry:
+        gym.register(id=MIXTURE_ID, entry_point="nemo_gym_env.envs.make:make_mixture",
+                     vector_entry_point="nemo_gym_env.envs.make:make_mixture_vector_env")
     return ids
 
 

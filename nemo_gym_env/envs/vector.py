@@ -214,10 +214,12 @@ class NemoGymVectorEnv(VectorEnv):
 
     # ---- the shard API -----------------------------------------------------------------------
 
-    def check_actions(self, actions: Sequence[Any], first_index: int = 0) -> list[Turn]:
+    def check_actions(self, actions: Sequence[Any], first_index: int = 0,
+                      indices: Sequence[int] | None = None) -> list[Turn]:
         """Check and normalise every sub-env's action; nothing is sent, nothing changes.
 
-        ``first_index`` only numbers the sub-envs in error messages (a shard of a larger env).
+        ``first_index`` (a shard of a larger env) or ``indices`` (each sub-env's number in a
+        mixture) only number the sub-envs in error messages.
 
         Raises:
             ActionError: an action the env cannot read.
@@ -227,21 +229,22 @@ class NemoGymVectorEnv(VectorEnv):
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"{len(actions)} actions given for num_envs={self.num_envs}")
+        names = list(indices) if indices is not None else [first_index + i for i in range(self.num_envs)]
         turns: list[Turn] = []
         for i, action in enumerate(actions):
             if self._needs_reset[i]:
                 if action is not None and self.autoreset_mode == AutoresetMode.DISABLED:
-                    raise ValueError(f"sub-env {first_index + i} has ended: reset it with "
+                    raise ValueError(f"sub-env {names[i]} has ended: reset it with "
                                      "options={'reset_mask': ...} or pass None as its action")
                 turns.append(None)
             elif action is None:
-                raise ValueError(f"sub-env {first_index + i} is live and needs an action; "
+                raise ValueError(f"sub-env {names[i]} is live and needs an action; "
                                  "None is only for ended sub-envs")
             else:
                 try:
                     turns.append(normalize_action(action, turn=self.episodes[i].turn))
                 except ActionError as exc:
-                    raise ActionError(f"sub-env {first_index + i}: {exc}") from None
+                    raise ActionError(f"sub-env {names[i]}: {exc}") from None
         return turns
 
     async def reset_some(self, seeds: Sequence[int | None], mask: Sequence[bool],
