@@ -127,6 +127,8 @@ class ReasoningGymVerifyResponse(BaseVerifyResponse):
 class ReasoningGymResourcesServer(SimpleResourcesServer):
     """The ``reasoning_gym`` resources server (no tools: one answer per episode)."""
 
+    REVERIFY_MODE = "stateless"  # /verify reads only its body
+
     config: ReasoningGymResourcesServerConfig = Field(default_factory=ReasoningGymResourcesServerConfig)
     _pool: WorkerPool | None = None
 
