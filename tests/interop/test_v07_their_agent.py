@@ -20,7 +20,7 @@ from .ng07 import ng07_python
 from .ngstack import NgRun, read_jsonl
 from .scripted_model import ScriptedModelServer, scripted_metadata
 
-pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(1800)]  # may build the 0.7 venv, then ng_run
 
 NEW_KEYS = {"context_management", "conversation", "moderation", "prompt_cache_key", "prompt_cache_retention",
             "safety_identifier", "stream_options"}

@@ -28,7 +28,7 @@ from nemo_gym_env.server.scripting import assistant_message, function_call
 
 from .ng07 import ng07_python, their_rows, their_server
 
-pytestmark = [pytest.mark.interop, pytest.mark.slow]
+pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test may build the 0.7 venv (~10 min)
 
 
 @pytest.fixture(scope="module")
