@@ -140,3 +140,25 @@ def test_a_failing_close_session_never_fails_the_episode(urls, caplog):
         assert any("/close_session" in r.getMessage() and "500" in r.getMessage() for r in caplog.records)
     finally:
         env.close()
+
+
+def test_nemo_gym_07_verdict_fields_reach_info(urls):
+    """mask_sample, failure_kind, failure_reason and reward_components of a /verify reply reach info."""
+    url = urls["proto_close_fails"]
+    verdict = {"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed", "failure_reason": "judge down",
+               "reward_components": {"correctness": 0.0, "format": 1.0}}
+    bad = {"reward": 2.0, "mask_sample": "yes"}
+    env = NemoGymEnv(base_url=url, dataset=[{**ROW, "verdict": verdict}, {**ROW, "verdict": bad}])
+    try:
+        env.reset(options={"task_index": 0})
+        _, reward, terminated, _, info = env.step("answer")
+        assert (reward, terminated) == (0.0, True)
+        assert (info["mask_sample"], info["failure_kind"], info["failure_reason"]) == (True, "judge_failed",
+                                                                                       "judge down")
+        assert info["reward_components"] == {"correctness": 0.0, "format": 1.0}
+        assert env.unwrapped.last_verify["mask_sample"] is True  # and the rollout row keeps it
+        env.reset(options={"task_index": 1})
+        _, reward, _, truncated, info = env.step("answer")
+        assert "mask_sample" in info.get("error", "") and truncated and reward == 0.0  # not a bool: refused
+    finally:
+        env.close()
