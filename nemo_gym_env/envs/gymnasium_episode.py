@@ -14,8 +14,8 @@ env, the vector env, rollout collection and the trainer adapters can drive:
   trajectory as ``response``, ``reward`` = the sum of the step rewards, ``terminated``,
   ``truncated`` and the last step's ``info``: the row NeMo Gym's agent writes.
 
-A reply that is not such a step (a reward that is not a finite number, a flag that is not a
-boolean) ends the episode truncated with ``info["error"]``, as a failing resources server does.
+A reply that is not such a step (a reward that is not a finite number, a flag that is missing
+or not a boolean) ends the episode truncated with ``info["error"]``, as a failing resources server does.
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ class GymnasiumEpisode(Episode):
         reward = reply.get("reward", 0.0)
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise bad(f"has a reward that is not a finite number ({str(reward)[:40]!r})")
-        flags = [reply.get(name, False) for name in ("terminated", "truncated")]
+        missing = [name for name in ("terminated", "truncated") if name not in reply]
+        if missing:
+            raise bad(f"lacks {' and '.join(missing)}")
+        flags = [reply[name] for name in ("terminated", "truncated")]
         if not all(isinstance(flag, bool) for flag in flags):
             raise bad("has terminated/truncated that are not booleans")
         if not isinstance(reply.get("observation"), (str, type(None))):

@@ -3,6 +3,10 @@
 The numbers are NeMo Gym's (``mean/reward``, ``pass@k/reward``...), computed by
 :func:`~nemo_gym_env.protocol.metrics.aggregate_metrics` per server (``agent_ref.name``) and over
 everything; :func:`summarize` is what ``<output stem>_metrics.json`` holds.
+
+A masked sample (``mask_sample: true`` in the row: NeMo Gym 0.7's mark of an infrastructure
+failure, whose reward is not a measurement) is counted (``num_masked``) and left out of the
+reward metrics; each row's ``failure_kind`` is counted per kind (``failure_kinds``).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +40,13 @@ class Outcome:
     numbers: dict[str, float]
     components: dict[str, float] = field(default_factory=dict)
     """The row's ``reward_components`` (its finite numbers)."""
+    failure_kind: str | None = None
+    """The row's ``failure_kind``, if it names one."""
+
+    @property
+    def masked(self) -> bool:
+        """Whether the row is a masked sample (``mask_sample: true``): left out of the reward metrics."""
+        return self.numbers.get("mask_sample") == 1.0
 
 
 def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
@@ -47,9 +58,11 @@ def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
             return None
         identity = (legacy[0], f"#{legacy[1]}", legacy[2])
     server, task, rollout = identity
+    kind = row.get("failure_kind")
     components = row.get("reward_components")
     parts = numeric_fields(components) if isinstance(components, Mapping) else {}
-    return Outcome(server or "all", task, rollout, numeric_fields(row), parts)
+    return Outcome(server or "all", task, rollout, numeric_fields(row), parts,
+                   kind[:100] if isinstance(kind, str) else None)
 
 
 def summarize(output: str | Path) -> dict[str, Any]:
@@ -88,9 +101,16 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
     slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
     parts: dict[str, list[dict[str, float]]] = defaultdict(list)
     finished = set()
+    masked: Counter = Counter()
+    kinds: dict[str, Counter] = defaultdict(Counter)
     for outcome in outcomes:
-        parts[outcome.server].append(outcome.components)
         finished.add((outcome.server, outcome.task, outcome.rollout))
+        if outcome.failure_kind is not None:
+            kinds[outcome.server][outcome.failure_kind] += 1
+        if outcome.masked:  # not a measurement: counted, kept out of the reward metrics
+            masked[outcome.server] += 1
+            continue
+        parts[outcome.server].append(outcome.components)
         slim[outcome.server].append({**outcome.numbers, TASK_KEY_KEY: outcome.task,
                                      _TOTAL_GROUP: f"{outcome.server}/{outcome.task}"})
     failed: dict[str, set] = defaultdict(set)
@@ -99,19 +119,24 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
         if identity not in finished:
             failed[failure.server].add(identity)
     everything = [r for group in slim.values() for r in group]
+    every_kind: Counter = sum(kinds.values(), Counter())
     summary: dict[str, Any] = {
         "output": output,
-        "num_rollouts": len(everything),
+        "num_rollouts": len(everything) + sum(masked.values()),
         "num_failed": sum(len(v) for v in failed.values()),
+        "num_masked": sum(masked.values()),
+        "failure_kinds": dict(sorted(every_kind.items())),
         **aggregate_metrics(everything, group_key=_TOTAL_GROUP).model_dump(),
         "reward_components": component_means([c for group in parts.values() for c in group]),
         "per_server": {},
     }
-    for name in sorted(set(slim) | set(failed)):
+    for name in sorted(set(slim) | set(failed) | set(masked)):
         metrics = aggregate_metrics(slim.get(name, []), group_key=TASK_KEY_KEY)
         summary["per_server"][name] = {
-            "num_rollouts": len(slim.get(name, [])),
+            "num_rollouts": len(slim.get(name, [])) + masked[name],
             "num_failed": len(failed.get(name, ())),
+            "num_masked": masked[name],
+            "failure_kinds": dict(sorted(kinds[name].items())),
             "agent_metrics": metrics.agent_metrics,
             "key_metrics": metrics.key_metrics,
             "reward_components": component_means(parts.get(name, [])),
@@ -144,9 +169,14 @@ def write_metrics(output: str | Path) -> dict[str, Any]:
 
 
 def metrics_table(summary: Mapping[str, Any]) -> str:
-    """The summary as a text table: one line per server, then the total."""
+    """The summary as a text table: one line per server, then the total.
 
-    def line(name: str, rollouts: int, failed: int, agent: Mapping[str, Any]) -> list[str]:
+    ``mean/reward`` and pass@k leave masked samples out; ``masked`` counts them and
+    ``failure_kind`` names the most frequent kinds of the server's rows.
+    """
+
+    def line(name: str, rollouts: int, failed: int, agent: Mapping[str, Any], masked: int,
+             kinds: Mapping[str, int]) -> list[str]:
         ks = sorted(int(k[5:].split("/")[0]) for k in agent if k.startswith("pass@") and k[5:].split("/")[0].isdigit())
         k = ks[-1] if ks else None
         mean = agent.get("mean/reward")
@@ -158,14 +188,20 @@ def metrics_table(summary: Mapping[str, Any]) -> str:
             "-" if mean is None else f"{mean:.3f}",
             "-" if "pass@1/reward" not in agent else f"{agent['pass@1/reward']:.1f}",
             "-" if k is None else f"{agent[f'pass@{k}/reward']:.1f} (k={k})",
+            str(masked),
+            ", ".join(f"{kind}: {n}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+            + (", ..." if len(kinds) > 3 else "") or "-",
         ]
 
-    table = [["server", "tasks", "rollouts", "failed", "mean/reward", "pass@1 %", "pass@k %"]]
+    table = [["server", "tasks", "rollouts", "failed", "mean/reward", "pass@1 %", "pass@k %", "masked",
+              "failure_kind"]]
     per_server = summary.get("per_server", {})
     for name, entry in per_server.items():
-        table.append(line(name, entry["num_rollouts"], entry["num_failed"], entry["agent_metrics"]))
+        table.append(line(name, entry["num_rollouts"], entry["num_failed"], entry["agent_metrics"],
+                          entry.get("num_masked", 0), entry.get("failure_kinds", {})))
     if len(per_server) != 1:
-        table.append(line("total", summary["num_rollouts"], summary["num_failed"], summary["agent_metrics"]))
+        table.append(line("total", summary["num_rollouts"], summary["num_failed"], summary["agent_metrics"],
+                          summary.get("num_masked", 0), summary.get("failure_kinds", {})))
     text = text_table(table, numeric=True)
     parts = [["server", "reward component", "mean"]]
     for name, entry in per_server.items():

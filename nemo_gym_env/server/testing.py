@@ -24,6 +24,7 @@ player asks for with the session's cookie, and verify the episode::
   holds (from :mod:`~nemo_gym_env.server.scripting`);
 - :func:`verify`: ``POST /verify`` with a row and the episode's items;
 - :func:`play`: one scripted episode against the tool routes, verified;
+- :func:`play_steps`: one scripted episode of a Gymnasium-protocol server (``/reset``, ``/step``);
 - :func:`play_episode`: one scripted episode on a Gymnasium env of the server;
 - :func:`times_slower_than_plain`: whether a parser stays linear on adversarial text.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "function_call",
     "play",
     "play_episode",
+    "play_steps",
     "reasoning",
     "server_config",
     "times_slower_than_plain",
@@ -154,6 +156,38 @@ def play(client: TestClient, row: dict[str, Any], scripted_action: ScriptedActio
             result = {"type": "function_call_output", "call_id": call["call_id"], "output": reply.text}
             history.append(result)
             output.append(result)
+    raise AssertionError(f"the scripted player did not finish in {max_turns} turns")
+
+
+def play_steps(client: TestClient, row: dict[str, Any], scripted_action: ScriptedAction, *,
+               correct: bool = True, max_turns: int = 50) -> tuple[list[float], dict[str, Any]]:
+    """One scripted episode of a Gymnasium-protocol server: ``POST /reset``, then ``POST /step`` to the end.
+
+    Each turn's items go to ``/step`` as a ``Response`` with the row, in the session of the
+    client's cookie; the player sees the server's observations as user messages (and
+    ``info["tool_outputs"]`` as ``function_call_output`` items), as the env shows them. Every
+    reply must be a 200. Returns every step's reward and the last ``/step`` reply; an
+    ``AssertionError`` when ``max_turns`` steps do not end the episode.
+    """
+    reset = client.post("/reset", json=row)
+    assert reset.status_code == 200, reset.text
+    params = row.get("responses_create_params")
+    tools = params.get("tools") if isinstance(params, dict) else None
+    history: list[dict[str, Any]] = []
+    rewards: list[float] = []
+    for _ in range(max_turns):
+        items = scripted_action(row, history, correct=correct)
+        response = make_response(items, tools=tools).model_dump(mode="json")
+        reply = client.post("/step", json={**row, "response": response})
+        assert reply.status_code == 200, reply.text
+        step = reply.json()
+        rewards.append(step["reward"])
+        if step["terminated"] or step["truncated"]:
+            return rewards, step
+        for out in step["info"].get("tool_outputs") or []:
+            history.append({"type": "function_call_output", "call_id": out["call_id"], "output": out["output"]})
+        if step["observation"]:
+            history.append({"type": "message", "role": "user", "content": step["observation"]})
     raise AssertionError(f"the scripted player did not finish in {max_turns} turns")
 
 

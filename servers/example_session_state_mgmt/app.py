@@ -90,6 +90,8 @@ class StatefulCounterVerifyRequest(BaseVerifyRequest):
 class StatefulCounterResourcesServer(SimpleResourcesServer):
     """The ``example_session_state_mgmt`` resources server."""
 
+    REVERIFY_MODE = "unsupported"  # /verify reads the session's counter, gone once verified
+
     config: StatefulCounterResourcesServerConfig = Field(default_factory=StatefulCounterResourcesServerConfig)
 
     def setup_webserver(self) -> FastAPI:

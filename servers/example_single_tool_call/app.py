@@ -78,6 +78,8 @@ def valid_weather_call(item: Any) -> bool:
 class SimpleWeatherResourcesServer(SimpleResourcesServer):
     """The ``example_single_tool_call`` resources server."""
 
+    REVERIFY_MODE = "stateless"  # /verify reads only its body: a stored rollout can be scored again
+
     config: SimpleWeatherResourcesServerConfig = Field(default_factory=SimpleWeatherResourcesServerConfig)
 
     def setup_webserver(self) -> FastAPI:

@@ -163,6 +163,8 @@ def _question(body: MathRunRequest) -> str:
 class MathResourcesServer(SimpleResourcesServer):
     """The ``math`` resources server."""
 
+    REVERIFY_MODE = "stateless"  # /verify reads only its body
+
     config: MathResourcesServerConfig = Field(default_factory=MathResourcesServerConfig)
     _runner: TaskRunner = PrivateAttr()
     _judge: MathJudge | None = PrivateAttr(default=None)

@@ -178,6 +178,8 @@ class MCQAVerifyResponse(BaseVerifyResponse):
 class MCQAResourcesServer(SimpleResourcesServer):
     """The ``mcqa`` resources server."""
 
+    REVERIFY_MODE = "stateless"  # /verify reads only its body
+
     config: MCQAResourcesServerConfig = Field(default_factory=MCQAResourcesServerConfig)
     _runner: ProcessPoolRunner = PrivateAttr()
 

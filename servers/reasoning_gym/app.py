@@ -2,7 +2,8 @@
 
 A row names a reasoning-gym entry (``task_name``, ``task_seed``, ``task_size``,
 ``task_index``, ``task_config``) and holds the ``question`` the model was shown, never the
-answer. ``/verify`` rebuilds the entry with the library, takes the model's answer from the
+answer; NeMo Gym's rows, which carry the entry (``answer``, ``metadata.source_dataset``), are
+accepted too and scored against it as written. ``/verify`` rebuilds the entry with the library, takes the model's answer from the
 last assistant message, and returns the library's own ``score_answer`` as the reward.
 
 Answer: the content of the last ``<answer>...</answer>`` in the last assistant message;
@@ -85,23 +86,54 @@ class ReasoningGymResourcesServerConfig(BaseResourcesServerConfig):
 
 
 class ReasoningGymRunRequest(BaseRunRequest):
-    """A dataset row: the prompt plus the reasoning-gym entry it was generated from."""
+    """A dataset row: the prompt plus the reasoning-gym entry it was generated from.
+
+    Two forms are accepted. Ours names the entry (``task_name``, ``task_seed``, ``task_size``,
+    ``task_index``, ``task_config``) and the server rebuilds it. NeMo Gym's carries the entry
+    (``answer``, which may be null, and ``metadata`` with ``metadata["source_dataset"]``, the task
+    name) and the server scores against it as written. A row with both is scored from its
+    ``task_*`` fields.
+    """
 
     question: str
-    task_name: str = Field(min_length=1, max_length=200)
-    task_seed: StrictInt
-    task_size: StrictInt = Field(ge=1)
-    task_index: StrictInt = Field(ge=0)
+    task_name: str | None = Field(default=None, min_length=1, max_length=200)
+    task_seed: StrictInt | None = None
+    task_size: StrictInt | None = Field(default=None, ge=1)
+    task_index: StrictInt | None = Field(default=None, ge=0)
     task_config: dict[str, Any] = Field(default_factory=dict)
+    answer: str | None = None
+    metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _index_in_dataset(self) -> ReasoningGymRunRequest:
+        named = [self.task_name, self.task_seed, self.task_size, self.task_index]
+        if all(value is None for value in named):
+            source = (self.metadata or {}).get("source_dataset")
+            if not isinstance(source, str) or not source or len(source) > 200:
+                raise ValueError(
+                    "the row names no reasoning-gym entry: give task_name, task_seed, task_size and task_index, "
+                    "or NeMo Gym's answer and metadata.source_dataset"
+                )
+            return self
+        if any(value is None for value in named):
+            missing = [n for n, v in zip(_TASK_FIELDS, named) if v is None]
+            raise ValueError(f"task_name, task_seed, task_size and task_index go together; missing {missing}")
         if self.task_index >= self.task_size:
             raise ValueError(
                 f"task_index {self.task_index} is outside a dataset of task_size {self.task_size}"
             )
         tasks.canonical_config(self.task_config)  # ValueError on seed/size keys or non-JSON values
         return self
+
+    @property
+    def carried(self) -> bool:
+        """Whether the row carries its entry (NeMo Gym's form) rather than naming it."""
+        return self.task_name is None
+
+    @property
+    def task(self) -> str:
+        """The reasoning-gym task's name, in either form."""
+        return self.task_name if self.task_name is not None else str((self.metadata or {})["source_dataset"])
 
 
 class ReasoningGymVerifyRequest(ReasoningGymRunRequest, BaseVerifyRequest):
@@ -126,6 +158,8 @@ class ReasoningGymVerifyResponse(BaseVerifyResponse):
 
 class ReasoningGymResourcesServer(SimpleResourcesServer):
     """The ``reasoning_gym`` resources server (no tools: one answer per episode)."""
+
+    REVERIFY_MODE = "stateless"  # /verify reads only its body
 
     config: ReasoningGymResourcesServerConfig = Field(default_factory=ReasoningGymResourcesServerConfig)
     _pool: WorkerPool | None = None
@@ -155,7 +189,7 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
         """Rebuild the entry, extract the answer, score it with the library."""
         answer, source = extract_answer(final_text(body.response.output), self.config.answer_fallback)
         metrics: dict[str, Any] = {
-            "task_name": body.task_name,
+            "task_name": body.task,
             "score": 0.0,
             "extracted_answer": answer,
             "answer_source": source,
@@ -177,16 +211,19 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
         return ReasoningGymVerifyResponse(**{**echoed, **metrics})
 
     async def _score(self, body: ReasoningGymVerifyRequest, answer: str | None) -> dict[str, Any]:
-        key = tasks.TaskKey.from_row(body.model_dump(include=set(_TASK_FIELDS)))
         timeout = self.config.score_timeout_s
         try:
+            if body.carried:
+                item = {"question": body.question, "answer": body.answer, "metadata": body.metadata}
+                return await self.scoring_pool().acall(tasks.score_entry, body.task, answer, item, timeout=timeout)
+            key = tasks.TaskKey.from_row(body.model_dump(include=set(_TASK_FIELDS)))
             return await self.scoring_pool().acall(tasks.score, key, answer, body.question, timeout=timeout)
         except WorkerTimeout:
             return _failure(
-                "score_timeout", f"rebuilding and scoring {body.task_name!r} took over {timeout:g} s"
+                "score_timeout", f"rebuilding and scoring {body.task!r} took over {timeout:g} s"
             )
         except (WorkerError, WorkerCrashed, PoolClosed) as exc:
-            return _failure("scorer_error", f"scoring {body.task_name!r} failed: {type(exc).__name__}: {exc}")
+            return _failure("scorer_error", f"scoring {body.task!r} failed: {type(exc).__name__}: {exc}")
 
     def _start_pool(self) -> None:
         self.scoring_pool()

@@ -58,7 +58,12 @@ def _answer(key: tasks.TaskKey) -> str:
 
 
 def correct_answer(row: dict[str, Any]) -> str:
-    """The regenerated entry's answer (``""`` for the few tasks that have no single oracle answer)."""
+    """The regenerated entry's answer (``""`` for the few tasks that have no single oracle answer).
+
+    A NeMo Gym row (no ``task_name``; it carries ``answer``) gives its own ``answer``.
+    """
+    if row.get("task_name") is None:
+        return "" if row.get("answer") is None else str(row["answer"])
     return _answer(tasks.TaskKey.from_row(row))
 
 

@@ -190,6 +190,27 @@ def score(key: TaskKey, answer: str | None, question: str | None) -> dict[str, A
     return {"score": value}
 
 
+def score_entry(name: str, answer: str | None, item: dict[str, Any]) -> dict[str, Any]:
+    """Score ``answer`` against an entry the row carries (NeMo Gym's rows: ``question``, ``answer``,
+    ``metadata``), with the library's scorer for ``name`` (worker side).
+
+    Returns ``{"score": float}``, or ``{"failure_kind", "failure_reason"}``: ``unknown_task``
+    (no such task in this library version) or ``scorer_error``.
+    """
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        return _failure("unknown_task", f"reasoning-gym {library_version()} has no task named {name!r}")
+    try:
+        value = float(reasoning_gym.get_score_answer_fn(name)(answer=answer, entry=item))
+    except Exception as exc:
+        return _failure("scorer_error", f"{name} score_answer raised {type(exc).__name__}: {exc}")
+    if not math.isfinite(value):
+        return _failure("scorer_error", f"{name} score_answer returned {value!r}")
+    return {"score": value}
+
+
 def _failure(kind: str, reason: str) -> dict[str, str]:
     return {"failure_kind": kind, "failure_reason": reason}
 

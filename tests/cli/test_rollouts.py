@@ -312,3 +312,16 @@ def test_components_in_the_table_and_step_rewards_summed_on_request(tmp_path):
     having = [r["reward_components"][name] for r in following if name in r["reward_components"]]
     assert mean == pytest.approx(sum(having) / len(having))
     assert "reward component" in result.stdout and f"{mean:.3f}" in result.stdout and name in result.stdout
+
+
+def test_scripted_rollouts_on_the_gymnasium_protocol_server(tmp_path):
+    out = tmp_path / "guess.jsonl"
+    result = run_cli("rollouts", "guess_number", "--policy", "scripted", "--num-repeats", "2", "-o", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(out)
+    assert len(rows) == _tasks("guess_number") * 2
+    assert all(r["reward"] == 1.0 and r["terminated"] and not r["truncated"] for r in rows)
+    assert all(r["info"]["result"] == "win" for r in rows)
+    # the server's first observation is part of the recorded prompt, as NeMo Gym's agent records it
+    assert all(r["responses_create_params"]["input"][-1]["content"].startswith("I am thinking of") for r in rows)
+    assert "guess_number" in result.stdout and "1.000" in result.stdout

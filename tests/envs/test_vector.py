@@ -232,3 +232,32 @@ def test_base_url_list_pins_each_sub_env_to_one_server():
         with pytest.raises(ValueError, match="empty list"):
             NemoGymVectorEnv(base_url=[], dataset=example_rows(server))
         envs.close()
+
+
+def test_make_vec_plays_a_gymnasium_protocol_server():
+    """The bundled guess_number game (``/reset``, ``/step``): per-step rewards, hints as user messages."""
+    player = scripted("guess_number")
+    envs = gym.make_vec("NemoGym/guess_number-v0", num_envs=2)
+    try:
+        obs, infos = envs.reset(seed=0, options={"task_indices": [1, 1]})
+        assert [o[-1]["content"].startswith("I am thinking of a whole number from 1 to 50") for o in obs] == [True] * 2
+        rows = [episode.task for episode in envs.unwrapped.episodes]
+        histories: list[list] = [[], []]
+        returns = [0.0, 0.0]
+        done = [False, False]
+        for _ in range(rows[1]["max_guesses"]):
+            live = envs.unwrapped.live_mask
+            actions = [None if not live[i] else player(envs.unwrapped.episodes[i].task, [] if done[i] else histories[i],
+                                                       correct=(i == 0)) for i in range(2)]
+            obs, rewards, terms, truncs, infos = envs.step(actions)
+            for i in range(2):
+                if not done[i]:
+                    returns[i] += float(rewards[i])
+                    histories[i].extend(obs[i])
+                    done[i] = bool(terms[i] or truncs[i])
+            if all(done):
+                break
+        assert done == [True, True] and returns == [1.0, 0.0]
+        assert any(o["content"].startswith(("Higher.", "Lower.")) for o in histories[1])
+    finally:
+        envs.close()

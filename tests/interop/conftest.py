@@ -1,5 +1,7 @@
 """Fixtures of the interop tests: the NeMo Gym 0.4.0 virtualenv and one ``ng_run`` for the session.
 
+(The 0.7.0 suite, ``test_v07_*.py``, has its virtualenv and standalone servers in :mod:`.ng07`.)
+
 The NeMo Gym side runs in a Python 3.12 virtualenv made by ``scripts/interop_venv.sh``. Its
 python is ``$NEMO_GYM_INTEROP_PYTHON``, else ``<venv>/bin/python`` with ``<venv>`` =
 ``$NEMO_GYM_INTEROP_VENV`` or ``~/.cache/nemo_gym_env/interop-venv``. When it is missing

@@ -31,7 +31,7 @@ def test_bundled_catalog():
     assert isinstance(err.value, KeyError)
 
 
-EVERY_SERVER = {"code_gen", "example_multi_step", "example_session_state_mgmt", "example_single_tool_call",
+EVERY_SERVER = {"code_gen", "example_multi_step", "example_session_state_mgmt", "example_single_tool_call", "guess_number",
                 "instruction_following", "math", "mcqa", "reasoning_gym"}
 
 

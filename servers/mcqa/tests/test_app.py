@@ -315,7 +315,12 @@ def test_example_rows_are_valid() -> None:
         for letter, text in choices.option_letters(row["options"]).items():
             assert f"\n{letter}: {text}" in prompt
     assert {"strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon", None} <= modes
-    assert any(isinstance(row["options"], dict) for row in ROWS)
+    # NeMo Gym's shape (a list of one-key dicts) in every row, so NeMo Gym's mcqa takes them too;
+    # the letter -> text dict is still accepted.
+    assert all(isinstance(row["options"], list) and all(len(o) == 1 for o in row["options"]) for row in ROWS)
+    as_dict = {k: v for option in ROWS[0]["options"] for k, v in option.items()}
+    assert MCQARunRequest.model_validate({**ROWS[0], "options": as_dict}).letters() == choices.option_letters(
+        ROWS[0]["options"])
     assert any("template_metadata" in row for row in ROWS)
 
 
