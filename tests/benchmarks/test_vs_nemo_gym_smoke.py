@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.conftest import BUILD_ENV, PYTHON_ENV, REQUIRED_ENV, build_interop_venv, find_interop_python
+from tests.interop.conftest import (
+    BUILD_ENV,
+    PYTHON_ENV,
+    REQUIRED_ENV,
+    build_interop_venv,
+    find_interop_python,
+)
 
 pytestmark = pytest.mark.slow
 
