@@ -188,7 +188,7 @@ def main() -> None:
     rows = {server: read_jsonl(path) for server, path in rows_paths.items()}
     repeats = max(1, args.rollouts // 5)
     results: dict[str, Any] = {"rollouts": repeats * 5, "servers": args.servers, "concurrency": args.concurrency,
-                               "runs": []}
+                               "runs": [], "machine": harness.machine()}
     table = []
     model = ModelProcess(rows_paths)
     with tempfile.TemporaryDirectory(prefix="vs-nemo-gym-") as tmp:
@@ -230,10 +230,12 @@ def main() -> None:
                     table.append([server, concurrency, f"{base:.1f}", f"{http:.1f} ({http / base:.2f}x)",
                                   f"{local:.1f} ({local / base:.2f}x)"])
                     print(" | ".join(map(str, table[-1])), flush=True)
+                    harness.write_results("vs_nemo_gym", {**results, "complete": False}, args.out)  # kept if a later cell fails
         finally:
             run.stop()
             model.close()
     results["machine"] = harness.machine()
+    results["complete"] = True
     harness.print_table(["server", "concurrency", "NeMo Gym rollouts/s", "ours HTTP", "ours in-process"], table,
                         title=f"{repeats * 5} rollouts each")
     path = harness.write_results("vs_nemo_gym", results, args.out)

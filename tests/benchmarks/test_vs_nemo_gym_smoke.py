@@ -56,7 +56,7 @@ def test_vs_nemo_gym_tiny(tmp_path):
     _interop_python()
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "vs_nemo_gym.py"), "--rollouts", "5", "--concurrency", "2",
-         "--servers", "example_single_tool_call", "example_multi_step", "--out", str(tmp_path)],
+         "--servers", "example_single_tool_call", "example_session_state_mgmt", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=840, check=False, env=_bench_env(),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -64,7 +64,7 @@ def test_vs_nemo_gym_tiny(tmp_path):
     assert results["rollouts"] == 5 and results["machine"]["cpus"] >= 1
     runs = results["runs"]
     assert {(r["side"], r["server"]) for r in runs} == {(s, v) for s in SIDES
-                                                        for v in ("example_single_tool_call", "example_multi_step")}
+                                                        for v in ("example_single_tool_call", "example_session_state_mgmt")}
     assert all(r["rollouts_per_s"] > 0 for r in runs)
     for run in runs:
         if "HTTP" in run["side"]:  # both HTTP sides were timed at the same model process
