@@ -110,6 +110,16 @@ class Episode:
         self.done = True
         self.last_verify: dict[str, Any] | None = None
         self.error: ServerError | None = None
+        self.usage: dict[str, int] | None = None
+
+    def add_usage(self, usage: dict[str, int] | None) -> None:
+        """Add one model call's ``{"input_tokens", "output_tokens"}`` to the episode's ``response.usage``."""
+        if not usage:
+            return
+        if self.usage is None:
+            self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage["input_tokens"] += int(usage.get("input_tokens") or 0)
+        self.usage["output_tokens"] += int(usage.get("output_tokens") or 0)
 
     @property
     def tools(self) -> list[Any]:
@@ -261,6 +271,11 @@ class Episode:
         """
         response = make_response(self.trajectory).model_dump(mode="json", exclude_none=True, by_alias=True)
         response["tools"] = _dumped_tools(self.task["responses_create_params"].get("tools") or [])
+        if self.usage is not None:
+            tokens_in, tokens_out = self.usage["input_tokens"], self.usage["output_tokens"]
+            response["usage"] = {"input_tokens": tokens_in, "input_tokens_details": {"cached_tokens": 0},
+                                 "output_tokens": tokens_out, "output_tokens_details": {"reasoning_tokens": 0},
+                                 "total_tokens": tokens_in + tokens_out}
         return response
 
     def _fail(self, exc: ServerError, observation: list, info: dict[str, Any]) -> StepResult:

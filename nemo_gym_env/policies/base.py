@@ -38,7 +38,9 @@ class PolicyTurn:
     it, is kept per call: ``prompt_token_ids`` is everything the model saw (and must start
     with every token of earlier calls), ``generation_token_ids`` what it produced and
     ``generation_log_probs`` their log-probabilities. :meth:`action` attaches them to the
-    last item, where NeMo Gym and NeMo RL expect them.
+    last item, where NeMo Gym and NeMo RL expect them. ``usage`` is the call's token counts,
+    ``{"input_tokens": ..., "output_tokens": ...}``, when the policy knows them; a rollout sums
+    them into its ``response.usage``.
     """
 
     items: list[dict[str, Any]]
@@ -46,6 +48,7 @@ class PolicyTurn:
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
     text: str | None = None
+    usage: dict[str, int] | None = None
 
     def action(self) -> list[dict[str, Any]]:
         """The items to pass to ``env.step``, token data on the last one when present."""

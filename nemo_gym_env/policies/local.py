@@ -243,7 +243,8 @@ class LocalPolicy(Policy):
         log.debug("%s: %d prompt tokens, %d generated in %.2f s (%.1f tokens/s)", self.name, len(prompt),
                   len(generated), elapsed, len(generated) / elapsed if elapsed else float("inf"))
         return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generated,
-                          generation_log_probs=log_probs, text=text)
+                          generation_log_probs=log_probs, text=text,
+                          usage={"input_tokens": len(prompt), "output_tokens": len(generated)})
 
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
         """Generate one turn in a worker thread; see the module docstring for the token data.

@@ -7,10 +7,21 @@ Two wire APIs:
 - ``api="chat"``: ``POST /v1/chat/completions``; items and tools are converted with
   :mod:`nemo_gym_env.policies.chat`, and the assistant message converted back.
 
-Retries: the ``openai`` SDK retries 408/409/429/5xx replies and connection errors and
-timeouts, ``max_retries`` times, with exponential backoff (0.5 s doubling, at most 8 s,
-jittered) or the server's ``Retry-After``. After that, a :class:`PolicyError` says what
-failed and what to check. The API key never appears in a message, log line or ``repr``.
+The wire: request bodies are built as plain JSON and sent on the package's own pooled HTTP
+transport (:mod:`nemo_gym_env.client.transport`, the one the resources client uses), at most
+``concurrency`` requests in flight per event loop; each reply is decoded once. The ``openai``
+SDK is not on the request path: its types stay the schema, and
+``tests/policies/test_openai_wire.py`` checks that these bodies are what the SDK would send and
+that the parsed items agree with its models, item type by item type.
+
+Retries: 408/409/429/5xx replies, connection failures, connections closed before a complete
+reply and timeouts are retried ``max_retries`` times with exponential backoff (0.5 s doubling,
+at most 8 s, jittered) or the server's ``Retry-After`` / ``retry-after-ms`` (when 0-60 s), as
+the ``openai`` SDK does. Retrying is safe: a model call changes nothing on the server, so a
+repeated one costs compute, never state. A 2xx reply that is not JSON, or JSON of the wrong
+shape, is not retried. Every attempt has a timeout (``timeout_s``). After that, a
+:class:`PolicyError` says what failed and what to check. The API key never appears in a
+message, log line or ``repr``.
 
 Token data: when the endpoint returns it, the turn carries ``prompt_token_ids``,
 ``generation_token_ids`` and ``generation_log_probs``. Read from chat replies: vLLM's
@@ -20,7 +31,9 @@ Token data: when the endpoint returns it, the turn carries ``prompt_token_ids``,
 ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``; from Responses
 replies, the same three fields on output items. ``token_data=True`` asks a vLLM chat
 endpoint for them. Whether each prompt extends the previous one (docs/architecture.md, "The wire") is up to the
-server's tokenization; a policy that sees it broken logs a warning.
+server's tokenization; a policy that sees it broken logs a warning. The reply's ``usage``
+(input and output tokens) rides on the turn (:attr:`PolicyTurn.usage`) into the rollout's
+``response.usage``.
 
 Example:
     >>> policy = OpenAIPolicy("my-model", base_url="http://127.0.0.1:8000/v1", api_key="sk-secret", api="chat")
@@ -31,17 +44,21 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
+import os
+import random
 import re
+import time
 import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import openai
-
-from nemo_gym_env.errors import PolicyError
+from nemo_gym_env.client.transport import HttpClient, Reply
+from nemo_gym_env.errors import ConnectFailed, PolicyError, TransportError
+from nemo_gym_env.launch.redaction import REDACTED, redact_text
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 from nemo_gym_env.policies.chat import (
     ReasoningFormat,
@@ -51,14 +68,34 @@ from nemo_gym_env.policies.chat import (
 )
 from nemo_gym_env.protocol.items import plain, without_token_fields
 
-__all__ = ["OpenAIPolicy", "PolicyError"]
+try:  # a faster JSON codec when installed; the standard library otherwise
+    import orjson
+
+    def _dumps(value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    import json
+
+    def _dumps(value: Any) -> bytes:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+    _loads = json.loads
+
+__all__ = ["OpenAIPolicy", "PolicyError", "chat_token_data"]
 
 log = logging.getLogger(__name__)
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+"""Where a policy without ``base_url`` sends its requests (``OPENAI_BASE_URL`` overrides it)."""
 
 _ACTION_TYPES = ("message", "function_call", "reasoning")
 _RESPONSES_SAMPLING = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
                        "tool_choice", "instructions")
-_SECRET_SHAPES = re.compile(r"(Bearer\s+)\S+|\bsk-[A-Za-z0-9_\-]{6,}", re.IGNORECASE)
+_RETRY_STATUSES = frozenset({408, 409, 429})
+_TAGS = re.compile(r"<[^>]*>")
+_SPACES = re.compile(r"\s+")
 
 
 class _Secret:
@@ -66,10 +103,10 @@ class _Secret:
 
     __slots__ = ("_value",)
 
-    def __init__(self, value: str):
+    def __init__(self, value: Any):
         self._value = value
 
-    def reveal(self) -> str:
+    def reveal(self) -> Any:
         return self._value
 
     def __repr__(self) -> str:
@@ -102,6 +139,29 @@ def _float_list(value: Any) -> list[float] | None:
     return None
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def reply_usage(reply: Mapping[str, Any]) -> dict[str, int] | None:
+    """``{"input_tokens", "output_tokens"}`` of a Responses or Chat Completions reply, or None.
+
+    Example:
+        >>> reply_usage({"usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+        {'input_tokens': 12, 'output_tokens': 3}
+        >>> reply_usage({"usage": None}) is None
+        True
+    """
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    tokens_in = _count(usage.get("input_tokens", usage.get("prompt_tokens")))
+    tokens_out = _count(usage.get("output_tokens", usage.get("completion_tokens")))
+    if tokens_in is None and tokens_out is None:
+        return None
+    return {"input_tokens": tokens_in or 0, "output_tokens": tokens_out or 0}
+
+
 def chat_token_data(reply: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
     """``(prompt_token_ids, generation_token_ids, generation_log_probs)`` of a chat reply, each None if absent.
 
@@ -125,13 +185,44 @@ def chat_token_data(reply: Mapping[str, Any]) -> tuple[list[int] | None, list[in
     return prompt, generation, log_probs
 
 
+def retry_delay(attempt: int, headers: list[tuple[str, str]] | None = None) -> float:
+    """Seconds to wait before retry number ``attempt + 1``: the server's ``Retry-After`` when sane, else backoff.
+
+    ``retry-after-ms`` (milliseconds), then ``Retry-After`` (seconds or an HTTP date) are used
+    when they ask for 0-60 s; otherwise 0.5 s doubling per attempt, at most 8 s, minus up to 25%
+    jitter (the ``openai`` SDK's rule).
+
+    Example:
+        >>> retry_delay(0, [("retry-after", "2")])
+        2.0
+        >>> 0.375 <= retry_delay(0) <= 0.5
+        True
+    """
+    for name, value in headers or ():
+        wait: float | None = None
+        try:
+            if name == "retry-after-ms":
+                wait = float(value) / 1000
+            elif name == "retry-after":
+                try:
+                    wait = float(value)
+                except ValueError:
+                    when = email.utils.parsedate_to_datetime(value)
+                    wait = when.timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            wait = None
+        if wait is not None and 0 <= wait <= 60:
+            return wait
+    return min(0.5 * 2.0 ** attempt, 8.0) * (1 - 0.25 * random.random())
+
+
 class OpenAIPolicy(Policy):
     """A model behind an OpenAI-compatible HTTP endpoint.
 
     Args:
         model: The model name the endpoint serves.
         base_url: Endpoint root including ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``); None
-            means OpenAI (or ``OPENAI_BASE_URL``).
+            means OpenAI (``OPENAI_BASE_URL`` when set, else ``https://api.openai.com/v1``).
         api_key: The key. With ``base_url`` given and no key, ``"EMPTY"`` is sent (vLLM's
             convention): ``OPENAI_API_KEY`` is read only for OpenAI's own endpoint, so the key
             never leaks to another server.
@@ -146,6 +237,8 @@ class OpenAIPolicy(Policy):
         reasoning: How earlier reasoning items are sent to a chat endpoint: ``"think"``,
             ``"field"`` (``reasoning_content``) or ``"drop"``.
         extra_body: Extra JSON fields for every request (server-specific parameters).
+        concurrency: Requests in flight at once per event loop (None: the transport's pool
+            bound); rollout collection sets it to its own concurrency.
 
     Example:
         >>> policy = OpenAIPolicy.from_config({"policy_base_url": "http://127.0.0.1:8000/v1",
@@ -167,6 +260,7 @@ class OpenAIPolicy(Policy):
         token_data: bool = False,
         reasoning: ReasoningFormat = "think",
         extra_body: Mapping[str, Any] | None = None,
+        concurrency: int | None = None,
     ):
         if api not in ("responses", "chat"):
             raise ValueError(f"api must be 'responses' or 'chat', got {api!r}")
@@ -174,6 +268,8 @@ class OpenAIPolicy(Policy):
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
         self.model = model
         self.base_url = base_url.rstrip("/") if base_url else None
         self.api = api
@@ -183,11 +279,11 @@ class OpenAIPolicy(Policy):
         self.token_data = token_data
         self.reasoning = reasoning
         self.extra_body = dict(extra_body or {})
+        self.concurrency = concurrency
         self.name = f"openai:{api}:{model}"
         self._api_key = _Secret(api_key) if api_key else None
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient] = weakref.WeakKeyDictionary()
+        self._headers: _Secret | None = None  # the request headers, the key among them
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> OpenAIPolicy:
@@ -226,65 +322,36 @@ class OpenAIPolicy(Policy):
                 something that is not a completion.
         """
         if self.api == "chat":
-            turn = await self._chat(request)
+            turn = self.parse_chat(await self._post("/chat/completions", self.chat_body(request)))
         else:
-            turn = await self._responses(request)
+            turn = self.parse_responses(await self._post("/responses", self.responses_body(request)))
         self._check_prefix(request.history, turn)
         return turn
-
-    def _client(self) -> openai.AsyncOpenAI:
-        """One SDK client per event loop (its connection pool belongs to that loop)."""
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            if self._api_key is not None:
-                key = self._api_key.reveal()
-            elif self.base_url is None:
-                key = None  # the SDK reads OPENAI_API_KEY, for OpenAI's own endpoint only
-            else:
-                key = "EMPTY"
-            client = openai.AsyncOpenAI(
-                api_key=key, base_url=self.base_url, max_retries=self.max_retries, timeout=self.timeout_s
-            )
-            self._clients[loop] = client
-        return client
 
     def _params(self, request: PolicyRequest) -> dict[str, Any]:
         params = {k: v for k, v in (request.sampling or {}).items() if k in _RESPONSES_SAMPLING and v is not None}
         params.update(self.sampling)
         return params
 
-    async def _responses(self, request: PolicyRequest) -> PolicyTurn:
+    def responses_body(self, request: PolicyRequest) -> dict[str, Any]:
+        """The JSON body of ``POST /responses`` for ``request`` (``extra_body`` merged in)."""
         items = [{"role": "user", "content": request.input}] if isinstance(request.input, str) else request.input
         body: dict[str, Any] = {"model": self.model,
                                 "input": [without_token_fields(i) for i in [*items, *request.history]]}
         if request.tools:
             body["tools"] = [plain(t) for t in request.tools]
-        body.update(self._params(request))
+        params = self._params(request)
         if not request.tools:
-            body.pop("tool_choice", None)
-            body.pop("parallel_tool_calls", None)
-        reply = await self._send(self._client().responses.create(**body, extra_body=self.extra_body or None))
-        output = reply.get("output") if isinstance(reply, dict) else None
-        if not isinstance(output, list):
-            raise PolicyError(f"{self._where()} replied with something that is not a Response: {_preview(reply)}; "
-                              "check that base_url points at an OpenAI-compatible /v1 root")
-        prompt = generation = log_probs = None
-        items_out: list[dict[str, Any]] = []
-        for raw in output:
-            item = plain(raw)
-            if not isinstance(item, dict) or item.get("type") not in _ACTION_TYPES:
-                log.warning("%s: dropping output item of type %r (not an env action)", self._where(),
-                            item.get("type") if isinstance(item, dict) else type(item).__name__)
-                continue
-            if _int_list(item.get("generation_token_ids")) is not None:
-                prompt = _int_list(item.get("prompt_token_ids"))
-                generation = _int_list(item["generation_token_ids"])
-                log_probs = _float_list(item.get("generation_log_probs"))
-            items_out.append(without_token_fields(item))
-        return _turn(items_out, prompt, generation, log_probs, self._where())
+            params.pop("tool_choice", None)
+            params.pop("parallel_tool_calls", None)
+        if "tool_choice" in params:
+            params["tool_choice"] = plain(params["tool_choice"])
+        body.update(params)
+        body.update(self.extra_body)
+        return body
 
-    async def _chat(self, request: PolicyRequest) -> PolicyTurn:
+    def chat_body(self, request: PolicyRequest) -> dict[str, Any]:
+        """The JSON body of ``POST /chat/completions`` for ``request`` (``extra_body`` merged in)."""
         params = self._params(request)
         messages = responses_to_chat_messages(
             request.input, request.history, instructions=params.pop("instructions", None), reasoning=self.reasoning
@@ -302,63 +369,157 @@ class OpenAIPolicy(Policy):
                 body[key] = params[key]
         if params.get("max_output_tokens") is not None:
             body["max_completion_tokens"] = params["max_output_tokens"]
-        extra = dict(self.extra_body)
         if self.token_data:
             body["logprobs"] = True
-            extra.setdefault("return_token_ids", True)
-        reply = await self._send(self._client().chat.completions.create(**body, extra_body=extra or None))
+            body["return_token_ids"] = True
+        body.update(self.extra_body)
+        return body
+
+    def parse_responses(self, reply: Any) -> PolicyTurn:
+        """The turn in a ``/responses`` reply (decoded JSON).
+
+        Raises:
+            PolicyError: The reply is not a Response.
+        """
+        output = reply.get("output") if isinstance(reply, dict) else None
+        if not isinstance(output, list):
+            raise PolicyError(self._redact(f"{self._where()} replied with something that is not a Response: "
+                                           f"{_preview(reply)}; check that base_url points at an "
+                                           "OpenAI-compatible /v1 root"))
+        prompt = generation = log_probs = None
+        items_out: list[dict[str, Any]] = []
+        for item in output:
+            if not isinstance(item, dict) or item.get("type") not in _ACTION_TYPES:
+                log.warning("%s: dropping output item of type %r (not an env action)", self._where(),
+                            item.get("type") if isinstance(item, dict) else type(item).__name__)
+                continue
+            if _int_list(item.get("generation_token_ids")) is not None:
+                prompt = _int_list(item.get("prompt_token_ids"))
+                generation = _int_list(item["generation_token_ids"])
+                log_probs = _float_list(item.get("generation_log_probs"))
+            items_out.append(without_token_fields(item))
+        return _turn(items_out, prompt, generation, log_probs, reply_usage(reply), self._where())
+
+    def parse_chat(self, reply: Any) -> PolicyTurn:
+        """The turn in a ``/chat/completions`` reply (decoded JSON).
+
+        Raises:
+            PolicyError: The reply is not a chat completion, or its message is unusable.
+        """
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
                 or not isinstance(choices[0].get("message"), dict):
-            raise PolicyError(f"{self._where()} replied with something that is not a chat completion: "
-                              f"{_preview(reply)}; check that base_url points at an OpenAI-compatible /v1 root")
+            raise PolicyError(self._redact(f"{self._where()} replied with something that is not a chat completion: "
+                                           f"{_preview(reply)}; check that base_url points at an "
+                                           "OpenAI-compatible /v1 root"))
         try:
             items = chat_message_to_items(choices[0]["message"], uuid.uuid4().hex[:12])
         except ValueError as exc:
-            raise PolicyError(f"{self._where()} replied with an unusable message: {exc}") from None
-        return _turn(items, *chat_token_data(reply), self._where())
+            raise PolicyError(self._redact(f"{self._where()} replied with an unusable message: {exc}")) from None
+        return _turn(items, *chat_token_data(reply), reply_usage(reply), self._where())
+
+    # ---- the wire ------------------------------------------------------------------------------
+
+    def _http(self) -> HttpClient:
+        """One client per event loop (its in-flight bound belongs to that loop; the pool is shared)."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            base = self.base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_BASE_URL
+            client = HttpClient(base, connect_retries=0, max_in_flight=self.concurrency)
+            self._clients[loop] = client
+        return client
+
+    def _request_headers(self) -> list[tuple[str, str]]:
+        if self._headers is None:
+            if self._api_key is not None:
+                key: str | None = self._api_key.reveal()
+            elif self.base_url is None:
+                key = os.environ.get("OPENAI_API_KEY")  # for OpenAI's own endpoint only
+            else:
+                key = "EMPTY"
+            headers = [("Content-Type", "application/json")]
+            if key:
+                headers.append(("Authorization", f"Bearer {key}"))
+                if self._api_key is None and self.base_url is None:
+                    self._api_key = _Secret(key)  # OPENAI_API_KEY: redacted as well
+            self._headers = _Secret(headers)
+        return self._headers.reveal()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` and return the decoded 2xx reply, retrying what may be retried.
+
+        Raises:
+            PolicyError: Every attempt failed, or the reply was malformed.
+        """
+        data = _dumps(body)
+        headers = self._request_headers()
+        http = self._http()
+        attempt = 0
+        while True:
+            reply: Reply | None = None
+            problem: Exception | None = None
+            try:
+                reply = await http.request("POST", path, data, headers=headers, timeout_s=self.timeout_s)
+            except (TimeoutError, ConnectFailed, TransportError) as exc:
+                problem = exc
+            if reply is not None:
+                log.debug("%s: POST %s -> HTTP %d (attempt %d)", self._where(), path, reply.status_code, attempt + 1)
+                if reply.is_success:
+                    try:
+                        return _loads(reply.content)
+                    except ValueError as exc:
+                        raise PolicyError(self._redact(
+                            f"{self._where()}: malformed reply (not JSON: {exc}; body {_preview(reply.text)}); "
+                            "check that base_url points at an OpenAI-compatible /v1 root")) from None
+                if not _should_retry(reply):
+                    raise self._status_error(reply, retried=False)
+            else:
+                log.debug("%s: POST %s failed (attempt %d): %s", self._where(), path, attempt + 1,
+                          type(problem).__name__)
+            if attempt >= self.max_retries:
+                if reply is not None:
+                    raise self._status_error(reply, retried=True)
+                raise self._transport_error(problem)
+            await asyncio.sleep(retry_delay(attempt, reply.headers if reply is not None else None))
+            attempt += 1
 
     # ---- errors and checks -------------------------------------------------------------------
-
-    async def _send(self, call: Any) -> Any:
-        """Await one SDK call (retries included); failures become a :class:`PolicyError`."""
-        try:
-            return plain(await call)
-        except openai.APIError as exc:
-            raise self._error(exc) from None
-        except ValueError as exc:  # a body the SDK could not decode
-            raise PolicyError(self._redact(f"{self._where()}: malformed reply ({type(exc).__name__}: "
-                                           f"{_preview(str(exc))}); check that base_url points at an "
-                                           "OpenAI-compatible /v1 root")) from None
 
     def _where(self) -> str:
         return f"OpenAI-compatible endpoint {_safe_url(self.base_url) or 'api.openai.com'} (model {self.model!r}, {self.api} API)"
 
-    def _redact(self, text: str) -> str:
-        if self._api_key is not None and self._api_key.reveal():
-            text = text.replace(self._api_key.reveal(), "***")
-        return _SECRET_SHAPES.sub(lambda m: (m.group(1) or "") + "***", text)
+    def _retried(self) -> str:
+        return f"after {self.max_retries} retr{'y' if self.max_retries == 1 else 'ies'}"
 
-    def _error(self, exc: openai.APIError) -> PolicyError:
-        where = self._where()
-        retried = f"after {self.max_retries} retr{'y' if self.max_retries == 1 else 'ies'}"
-        if isinstance(exc, openai.APITimeoutError):
+    def _redact(self, text: str) -> str:
+        """``text`` without the key (anywhere when it is 4+ characters, as a whole word when shorter) or secret shapes."""
+        if self._api_key is not None and self._api_key.reveal():
+            key = self._api_key.reveal()
+            if len(key) >= 4:
+                text = text.replace(key, REDACTED)
+            else:  # a short key would scrub ordinary words: only where it stands alone
+                text = re.sub(rf"(?<![\w\-]){re.escape(key)}(?![\w\-])", REDACTED, text)
+        return redact_text(text)
+
+    def _transport_error(self, exc: Exception | None) -> PolicyError:
+        where, retried = self._where(), self._retried()
+        if isinstance(exc, TimeoutError):
             message = f"{where}: no reply within {self.timeout_s:g} s, {retried}; raise timeout_s or check the server"
-            status = None
-        elif isinstance(exc, openai.APIConnectionError):
+        elif isinstance(exc, ConnectFailed):
             message = f"{where}: cannot connect ({exc}), {retried}; check that the server is up and base_url is right"
-            status = None
-        elif isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            hint = {401: "check policy_api_key", 403: "check policy_api_key", 404: "check base_url (it ends in /v1) "
-                    "and the model name", 429: "the endpoint is rate limiting; lower concurrency or raise max_retries"}
-            advice = hint.get(status, "the server failed; check its logs" if status >= 500 else "the request was rejected")
-            after = f" {retried}" if status >= 500 or status in (408, 409, 429) else ""
-            message = f"{where}: HTTP {status}{after}: {_preview(exc.message)} ({advice})"
         else:
-            status = None
-            message = f"{where}: malformed reply ({type(exc).__name__}: {_preview(str(exc))}); " \
-                      "check that base_url points at an OpenAI-compatible /v1 root"
+            message = (f"{where}: the connection failed before a complete reply ({exc}), {retried}; "
+                       "check the server's logs")
+        return PolicyError(self._redact(message))
+
+    def _status_error(self, reply: Reply, *, retried: bool) -> PolicyError:
+        status = reply.status_code
+        hint = {401: "check policy_api_key", 403: "check policy_api_key", 404: "check base_url (it ends in /v1) "
+                "and the model name", 429: "the endpoint is rate limiting; lower concurrency or raise max_retries"}
+        advice = hint.get(status, "the server failed; check its logs" if status >= 500 else "the request was rejected")
+        after = f" {self._retried()}" if retried else ""
+        message = f"{self._where()}: HTTP {status}{after}: {_preview(_error_text(reply))} ({advice})"
         return PolicyError(self._redact(message), status_code=status)
 
     def _check_prefix(self, history: list[dict[str, Any]], turn: PolicyTurn) -> None:
@@ -373,14 +534,41 @@ class OpenAIPolicy(Policy):
                         "previous call's tokens, so NeMo RL will reject the rollout", self._where())
 
     async def aclose(self) -> None:
-        """Close this event loop's HTTP client (others are dropped with their loops)."""
+        """Forget this event loop's client; its connections belong to the loop's shared pool."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - aclose is always awaited
             return
-        client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.close()
+        self._clients.pop(loop, None)
+
+
+def _should_retry(reply: Reply) -> bool:
+    """Whether a non-2xx reply may be retried: the server's ``x-should-retry``, else 408/409/429/5xx."""
+    for name, value in reply.headers:
+        if name == "x-should-retry":
+            if value == "true":
+                return True
+            if value == "false":
+                return False
+    return reply.status_code in _RETRY_STATUSES or reply.status_code >= 500
+
+
+def _error_text(reply: Reply) -> str:
+    """The message of an error reply: ``error.message`` of a JSON body, else its text without markup."""
+    try:
+        body = _loads(reply.content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+    text = _SPACES.sub(" ", _TAGS.sub(" ", reply.text)).strip()
+    return text or "(empty body)"
 
 
 def _config_value(config: Mapping[str, Any], key: str) -> Any:
@@ -405,7 +593,7 @@ def _preview(value: Any, limit: int = 300) -> str:
 
 
 def _turn(items: list[dict[str, Any]], prompt: list[int] | None, generation: list[int] | None,
-          log_probs: list[float] | None, where: str) -> PolicyTurn:
+          log_probs: list[float] | None, usage: dict[str, int] | None, where: str) -> PolicyTurn:
     if log_probs is not None and generation is not None and len(log_probs) != len(generation):
         log.warning("%s returned %d log-probs for %d generated tokens; dropping the log-probs",
                     where, len(log_probs), len(generation))
@@ -416,4 +604,4 @@ def _turn(items: list[dict[str, Any]], prompt: list[int] | None, generation: lis
         items = [{"type": "message", "role": "assistant", "status": "completed",
                   "content": [{"type": "output_text", "text": "", "annotations": []}]}]
     return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generation,
-                      generation_log_probs=log_probs)
+                      generation_log_probs=log_probs, usage=usage)
