@@ -92,6 +92,8 @@ class Episode:
         self.done = True
         self.last_verify: dict[str, Any] | None = None
         self.error: ServerError | None = None
+        self.usage: dict[str, int] | None = None
+        """Token counts summed by :meth:`add_usage`; None until it is called (the response then has no usage)."""
 
     @property
     def tools(self) -> list[Any]:
@@ -100,8 +102,28 @@ class Episode:
 
     @property
     def response(self) -> Response:
-        """The episode so far as a ``Response`` (every model and tool item)."""
-        return make_response(self.trajectory, tools=self.tools)
+        """The episode so far as a ``Response`` (every model and tool item, and the usage when counted)."""
+        return make_response(self.trajectory, tools=self.tools, **self._usage_field())
+
+    def add_usage(self, input_tokens: int, output_tokens: int) -> None:
+        """Count one model call's tokens; the verify body's ``response.usage`` holds the episode's sums.
+
+        Raises:
+            ValueError: a count is negative or not an integer.
+        """
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
+        self.usage = {"input_tokens": usage["input_tokens"] + input_tokens,
+                      "output_tokens": usage["output_tokens"] + output_tokens}
+
+    def _usage_field(self) -> dict[str, Any]:
+        if self.usage is None:
+            return {}
+        return {"usage": {**self.usage, "total_tokens": self.usage["input_tokens"] + self.usage["output_tokens"],
+                          "input_tokens_details": {"cached_tokens": 0},
+                          "output_tokens_details": {"reasoning_tokens": 0}}}
 
     async def start(self) -> tuple[list, dict]:
         """``POST /seed_session`` with the row; the observation is the row's input items.
@@ -208,7 +230,8 @@ class Episode:
         The tool schemas are most of the work of validating a ``Response`` and never change
         within a task; the trajectory is validated every time.
         """
-        response = make_response(self.trajectory).model_dump(mode="json", exclude_none=True, by_alias=True)
+        response = make_response(self.trajectory, **self._usage_field()).model_dump(
+            mode="json", exclude_none=True, by_alias=True)
         response["tools"] = _dumped_tools(self.task["responses_create_params"].get("tools") or [])
         return response
 

@@ -39,6 +39,10 @@ class PolicyTurn:
     with every token of earlier calls), ``generation_token_ids`` what it produced and
     ``generation_log_probs`` their log-probabilities. :meth:`action` attaches them to the
     last item, where NeMo Gym and NeMo RL expect them.
+
+    ``input_tokens`` and ``output_tokens`` count this call's prompt and generated tokens (0 when
+    the policy has no model, or its endpoint did not say); rollouts sum them over an episode
+    into the verify body's ``response.usage``.
     """
 
     items: list[dict[str, Any]]
@@ -46,6 +50,8 @@ class PolicyTurn:
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
     text: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def action(self) -> list[dict[str, Any]]:
         """The items to pass to ``env.step``, token data on the last one when present."""

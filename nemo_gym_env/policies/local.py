@@ -21,11 +21,24 @@ distribution it was actually sampled from: the log-softmax of the processed scor
 (``output_scores``), i.e. logits divided by the temperature and cut by top-p. With
 temperature 0 (greedy) it is the log-softmax of the raw logits.
 
-Prompt building and generation run in a worker thread (``asyncio.to_thread``), one turn at a
-time per policy, so the event loop stays free while concurrent episodes wait their turn. Each
-turn prefills its whole prompt (no key/value cache is kept between turns). With ``seed`` set,
-call n of the policy samples with seed ``seed + n``: two policies with the same seed given the
-same requests in the same order produce the same tokens.
+Concurrency: turns of concurrent episodes are generated together. Prompt building runs in a
+worker thread (``asyncio.to_thread``, one at a time: the tokenizer is not safe to share), then
+the prompt joins the queue of a :class:`~nemo_gym_env.policies.batching.BatchGenerator`, whose
+one thread runs whatever is queued as one left-padded ``model.generate`` call (up to
+``max_batch_size`` rows, gathered for ``batch_wait_s``), each row with its own sampling
+settings, budget and end-of-turn stop. Each turn gets back exactly its own tokens, so the token
+invariant holds as for a turn generated alone, and the event loop stays free throughout. Each
+turn prefills its whole prompt (no key/value cache is kept between turns). A model that raises
+fails the turns of that batch only (``PolicyError`` with the cause).
+
+Reproducibility: temperature 0 is greedy; batched, it gives the tokens it gives alone (see
+:mod:`~nemo_gym_env.policies.batching` for the float-rounding caveat). With ``seed`` set, the
+n-th call to :meth:`LocalPolicy.generate` samples with its own generator seeded ``seed + n``,
+whichever turns share its batch: two policies with the same seed given the same requests in
+the same order produce the same tokens, one at a time or concurrently.
+
+Usage: each turn carries ``input_tokens`` (the prompt's length) and ``output_tokens`` (the
+generated tokens), which rollouts sum into the verify body's ``response.usage``.
 
 Example (the first use downloads 93 MB and writes about 640 MB to the cache)::
 
@@ -37,6 +50,7 @@ Example (the first use downloads 93 MB and writes about 640 MB to the cache)::
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -45,10 +59,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_gym_env.errors import NoContinuation
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.policies.batching import BatchGenerator, Generation, GenerationRequest, prepare_model
 from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 from nemo_gym_env.policies.render import ChatRenderer
@@ -74,9 +87,13 @@ class LocalPolicy(Policy):
             else 512.
         temperature: Sampling temperature (0 is greedy); None takes the task's, else 1.0.
         top_p: Nucleus sampling; None takes the task's, else 1.0.
-        seed: Makes sampling reproducible (see the module docstring); None uses torch's global
-            generator.
+        seed: Makes sampling reproducible (see the module docstring); None draws each call's seed
+            from torch's global generator.
         dtype: Weights' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        max_batch_size: Turns generated together in one ``model.generate`` call.
+        batch_wait_s: How long a batch waits for more turns after its first one arrives.
+        num_threads: torch intra-op threads for generation; None: every CPU this process may
+            use, unless ``OMP_NUM_THREADS`` is set (Ray sets it per worker), which then stands.
 
     Attributes:
         load_seconds: How long loading the tokenizer and model took (provisioning included).
@@ -98,6 +115,9 @@ class LocalPolicy(Policy):
         top_p: float | None = None,
         seed: int | None = None,
         dtype: str = "float32",
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.01,
+        num_threads: int | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,8 +136,7 @@ class LocalPolicy(Policy):
         else:
             source, kwargs, label = model_path, {}, str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-        self.model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.model = prepare_model(AutoModelForCausalLM.from_pretrained(source, **kwargs), device, dtype)
         self.load_seconds = time.perf_counter() - started
         self.device = device
         self.max_new_tokens = max_new_tokens
@@ -130,9 +149,12 @@ class LocalPolicy(Policy):
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._end_ids)
         self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        self._lock = threading.Lock()
-        self._calls = 0
+        self._lock = threading.Lock()  # the tokenizer and the recent-turns cache
+        self._calls = itertools.count()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
+                                       max_batch_size=max_batch_size, wait_s=batch_wait_s,
+                                       num_threads=num_threads, name=self.name)
         log.info("loaded %s on %s in %.1f s", label, device, self.load_seconds)
 
     def _end_of_turn_ids(self) -> set[int]:
@@ -203,56 +225,51 @@ class LocalPolicy(Policy):
             budget = min(budget, room)
         return float(1.0 if temperature is None else temperature), float(1.0 if top_p is None else top_p), int(budget)
 
-    def _sample(self, prompt: list[int], temperature: float, top_p: float,
-                max_new_tokens: int) -> tuple[list[int], list[float], float]:
-        from transformers import GenerationConfig
-
-        sample = temperature > 0
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=sorted(self._end_ids),
-            pad_token_id=self._pad_id, output_scores=True, return_dict_in_generate=True,
-            **({"temperature": temperature, "top_p": top_p, "top_k": 0} if sample else {}),
-        )
-        inputs = torch.tensor([prompt], device=self.model.device)
-        seed = None if self.seed is None else self.seed + self._calls
-        self._calls += 1
-        devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.inference_mode():
-            if seed is not None:
-                torch.manual_seed(seed)
-            started = time.perf_counter()
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
-            elapsed = time.perf_counter() - started
-        generated = out.sequences[0, len(prompt):]
-        scores = torch.stack(out.scores)[:, 0, :].float()
-        log_probs = torch.log_softmax(scores, dim=-1).gather(1, generated[:, None]).squeeze(1)
-        return generated.tolist(), log_probs.tolist(), elapsed
-
-    def _turn(self, request: PolicyRequest) -> PolicyTurn:
-        # One turn at a time per model; the tokenizer is not safe to share between threads either.
+    def _prepare(self, request: PolicyRequest) -> tuple[list[int], float, float, int]:
         with self._lock:
             prompt = self.prompt_token_ids(request)
-            temperature, top_p, budget = self._settings(request, len(prompt))
-            generated, log_probs, elapsed = self._sample(prompt, temperature, top_p, budget)
+        return (prompt, *self._settings(request, len(prompt)))
+
+    def _finish(self, prompt: list[int], generation: Generation) -> PolicyTurn:
+        generated, log_probs = generation.token_ids, generation.log_probs
+        with self._lock:
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             items = parse_model_text(text, id_prefix=uuid.uuid4().hex[:12])
             if not items:  # the token data needs an item to ride on
                 items = [{"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant",
                           "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]}]
             self._remember(items[-1]["id"], prompt + generated)
-        log.debug("%s: %d prompt tokens, %d generated in %.2f s (%.1f tokens/s)", self.name, len(prompt),
-                  len(generated), elapsed, len(generated) / elapsed if elapsed else float("inf"))
+        log.debug("%s: %d prompt tokens, %d generated in a batch of %d (%.2f s)", self.name, len(prompt),
+                  len(generated), generation.batch_size, generation.seconds)
         return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generated,
-                          generation_log_probs=log_probs, text=text)
+                          generation_log_probs=log_probs, text=text, input_tokens=len(prompt),
+                          output_tokens=len(generated))
 
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
-        """Generate one turn in a worker thread; see the module docstring for the token data.
+        """Generate one turn, batched with the turns of concurrent calls; see the module docstring.
 
         Raises:
             ValueError: The prompt does not fit the model's context, or the history holds an
                 item the template cannot render.
+            PolicyError: The model failed on this turn's batch, or the policy was closed.
         """
-        return await asyncio.to_thread(self._turn, request)
+        call = next(self._calls)
+        prompt, temperature, top_p, budget = await asyncio.to_thread(self._prepare, request)
+        seed = None if self.seed is None else self.seed + call
+        generation = await self._batcher.generate(GenerationRequest(prompt, temperature, top_p, budget, seed))
+        return await asyncio.to_thread(self._finish, prompt, generation)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Batching counters so far: batches, rows, batch sizes, prompt and generated tokens, seconds."""
+        return self._batcher.stats.as_dict()
+
+    def close(self) -> None:
+        """Stop the generation worker once the turns already queued have run."""
+        self._batcher.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._batcher.close)
 
     def _remember(self, item_id: str, tokens: list[int]) -> None:
         self._recent[item_id] = tokens

@@ -282,7 +282,7 @@ class OpenAIPolicy(Policy):
                 generation = _int_list(item["generation_token_ids"])
                 log_probs = _float_list(item.get("generation_log_probs"))
             items_out.append(without_token_fields(item))
-        return _turn(items_out, prompt, generation, log_probs, self._where())
+        return _turn(items_out, prompt, generation, log_probs, self._where(), reply)
 
     async def _chat(self, request: PolicyRequest) -> PolicyTurn:
         params = self._params(request)
@@ -316,7 +316,7 @@ class OpenAIPolicy(Policy):
             items = chat_message_to_items(choices[0]["message"], uuid.uuid4().hex[:12])
         except ValueError as exc:
             raise PolicyError(f"{self._where()} replied with an unusable message: {exc}") from None
-        return _turn(items, *chat_token_data(reply), self._where())
+        return _turn(items, *chat_token_data(reply), self._where(), reply)
 
     # ---- errors and checks -------------------------------------------------------------------
 
@@ -404,8 +404,26 @@ def _preview(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _reply_usage(reply: Any) -> tuple[int, int]:
+    """``(input, output)`` tokens of a Responses or Chat Completions reply's ``usage``; (0, 0) without one.
+
+    Example:
+        >>> _reply_usage({"usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+        (12, 3)
+    """
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+
+    def count(*keys: str) -> int:
+        value = next((usage[k] for k in keys if k in usage), 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    return count("input_tokens", "prompt_tokens"), count("output_tokens", "completion_tokens")
+
+
 def _turn(items: list[dict[str, Any]], prompt: list[int] | None, generation: list[int] | None,
-          log_probs: list[float] | None, where: str) -> PolicyTurn:
+          log_probs: list[float] | None, where: str, reply: Any = None) -> PolicyTurn:
     if log_probs is not None and generation is not None and len(log_probs) != len(generation):
         log.warning("%s returned %d log-probs for %d generated tokens; dropping the log-probs",
                     where, len(log_probs), len(generation))
@@ -415,5 +433,8 @@ def _turn(items: list[dict[str, Any]], prompt: list[int] | None, generation: lis
     if not items:
         items = [{"type": "message", "role": "assistant", "status": "completed",
                   "content": [{"type": "output_text", "text": "", "annotations": []}]}]
+    input_tokens, output_tokens = _reply_usage(reply)
+    if not (input_tokens or output_tokens) and generation is not None:  # no usage: count the token data
+        input_tokens, output_tokens = len(prompt or []), len(generation)
     return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generation,
-                      generation_log_probs=log_probs)
+                      generation_log_probs=log_probs, input_tokens=input_tokens, output_tokens=output_tokens)

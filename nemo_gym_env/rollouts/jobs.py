@@ -141,6 +141,7 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
             else:
                 turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s)
             items = normalize_action(turn.action(), turn=episode.turn)
+            episode.add_usage(turn.input_tokens, turn.output_tokens)
         except asyncio.CancelledError:
             raise
         except TimeoutError:

@@ -1,0 +1,365 @@
+"""One model, many concurrent turns: a worker thread that runs queued generations as padded batches.
+
+:class:`BatchGenerator` owns a causal LM. :meth:`~BatchGenerator.generate` queues one prompt
+and awaits its result; a single worker thread takes whatever is queued, waits up to
+``wait_s`` for more (or until ``max_batch_size``), left-pads the prompts into one batch with an
+attention mask and runs one ``model.generate``. Each row has its own temperature, top-p, seed
+and token budget and stops at its own end-of-turn token (:mod:`~nemo_gym_env.policies.sampling`);
+each caller gets back exactly its own generated ids and their log-probabilities, cut at its
+first end-of-turn token (kept) or at its budget.
+
+Why batches: one sequence at a time, a small model on a CPU spends each decoding step on
+per-step overhead and memory traffic, not arithmetic; a batch of 8 or 16 rows costs little
+more per step than one row (see ``benchmarks/README.md``, "The local policy").
+
+Reproducibility: greedy rows (temperature 0) do not depend on the batch for the prompts the
+tests check (``tests/policies/test_batching.py``); a padded batch computes the same logits to
+within float rounding, so a near-tie between two tokens could in principle resolve
+differently. A sampled row draws its noise from its own generator, seeded per call, so the
+same seeds give the same tokens however calls are grouped into batches (within the same
+rounding caveat).
+
+Failures: a model that raises fails the requests of that batch only, each with a
+:class:`~nemo_gym_env.errors.PolicyError` naming the cause; later batches run as usual. Every
+wait is bounded: the worker polls its queue with a timeout, and a caller whose worker thread
+has died gets a ``PolicyError`` instead of waiting forever. A request cancelled before its batch
+starts is skipped.
+
+Threads: the worker sets torch's intra-op threads to ``num_threads`` (default: the CPUs this
+process may run on, unless ``OMP_NUM_THREADS`` is set). Importing this module sets
+``OMP_WAIT_POLICY=PASSIVE`` when the environment does not say otherwise and torch is not
+imported yet: with OpenMP's default busy-waiting, a CPU shared with other processes made every
+decoding step several times slower (measurements in ``benchmarks/README.md``).
+
+Example::
+
+    generator = BatchGenerator(model, end_ids={2}, pad_id=2, max_batch_size=16)
+    result = await generator.generate(GenerationRequest(prompt=ids, temperature=0.0, top_p=1.0,
+                                                        max_new_tokens=64, seed=0))
+    result.token_ids, result.log_probs
+    generator.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+# OpenMP reads its wait policy once, when torch loads it: it has to be set before that import.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+from transformers.generation import LogitsProcessorList, StoppingCriteriaList  # noqa: E402
+
+from nemo_gym_env.errors import PolicyError  # noqa: E402
+from nemo_gym_env.policies.sampling import RowBudgets, RowSampler, row_generator  # noqa: E402
+
+__all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus", "prepare_model"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.5  # how often idle waits wake up to check that their other side is still there
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def prepare_model(model: Any, device: str, dtype: str) -> Any:
+    """``model`` on ``device`` in ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``), in eval mode."""
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ValueError(f"dtype must name a floating-point torch dtype (float32, bfloat16, float16), got {dtype!r}")
+    return model.to(device=device, dtype=torch_dtype).eval()
+
+
+@dataclass
+class GenerationRequest:
+    """One row of a batch: a prompt and how to continue it."""
+
+    prompt: list[int]
+    temperature: float
+    """0 is greedy."""
+    top_p: float
+    max_new_tokens: int
+    seed: int | None = None
+    """Seeds this row's sampling noise (unused when greedy); None draws one from torch's global generator."""
+
+
+@dataclass
+class Generation:
+    """What one row produced."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    batch_size: int
+    """How many rows its batch had."""
+    seconds: float
+    """How long its batch's ``generate`` took."""
+
+
+@dataclass
+class BatchStats:
+    """Counters over every batch run so far (read them; the worker updates them)."""
+
+    batches: int = 0
+    rows: int = 0
+    failed_batches: int = 0
+    prompt_tokens: int = 0
+    padded_prompt_tokens: int = 0
+    """Prompt positions the batches computed, padding included."""
+    generated_tokens: int = 0
+    """Tokens returned to callers (each row cut at its own end)."""
+    generate_seconds: float = 0.0
+    batch_sizes: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "rows": self.rows, "failed_batches": self.failed_batches,
+                "prompt_tokens": self.prompt_tokens, "padded_prompt_tokens": self.padded_prompt_tokens,
+                "generated_tokens": self.generated_tokens, "generate_seconds": round(self.generate_seconds, 3),
+                "batch_sizes": dict(sorted(self.batch_sizes.items()))}
+
+
+@dataclass(eq=False)
+class _Job:
+    request: GenerationRequest
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+_STOP = object()
+
+
+class BatchGenerator:
+    """Runs a causal LM's generations in padded batches on one worker thread (see the module docstring).
+
+    Args:
+        model: A transformers causal LM (on its device, in eval mode).
+        end_ids: Token ids that end a turn; a row stops at the first one (which it keeps).
+        pad_id: The id used to left-pad prompts (masked out).
+        max_batch_size: Rows per ``generate`` call.
+        wait_s: How long the worker waits for more requests after the first of a batch.
+        num_threads: torch intra-op threads for the worker; None: :func:`available_cpus`, unless
+            ``OMP_NUM_THREADS`` is set (then torch's own setting stands).
+        name: Names the model in errors and logs.
+    """
+
+    def __init__(self, model: Any, *, end_ids: set[int], pad_id: int, max_batch_size: int = 16, wait_s: float = 0.01,
+                 num_threads: int | None = None, name: str = "local model"):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if wait_s < 0:
+            raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if not end_ids:
+            raise ValueError("end_ids is empty: a row could never end before its budget")
+        self.model = model
+        self.end_ids = frozenset(int(i) for i in end_ids)
+        self.pad_id = int(pad_id)
+        self.max_batch_size = max_batch_size
+        self.wait_s = wait_s
+        if num_threads is None and "OMP_NUM_THREADS" not in os.environ:
+            num_threads = available_cpus()
+        self.num_threads = num_threads if num_threads is not None else torch.get_num_threads()
+        self.name = name
+        self.stats = BatchStats()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"BatchGenerator(name={self.name!r}, max_batch_size={self.max_batch_size}, threads={self.num_threads})"
+
+    # ---- the callers' side -------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
+        """Queue ``request``; the future resolves to its :class:`Generation` (or a ``PolicyError``)."""
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        if not request.prompt:
+            raise ValueError("the prompt is empty")
+        job = _Job(request)
+        with self._start_lock:
+            if self._closed:
+                raise PolicyError(f"{self.name}: closed; no more generations")
+            if self._thread is None or not self._thread.is_alive():
+                if self._thread is not None:
+                    log.warning("%s: the generation worker had stopped; starting a new one", self.name)
+                self._thread = threading.Thread(
+                    target=_serve, args=(weakref.ref(self), self._queue), name=f"{self.name} batches", daemon=True)
+                self._thread.start()
+            self._queue.put(job)
+        return job.future
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Queue ``request`` and wait for its row of a batch.
+
+        Raises:
+            PolicyError: The model failed on this request's batch, the worker stopped, or the
+                generator was closed.
+        """
+        future = asyncio.wrap_future(self.submit(request))
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=_POLL_S)
+                if done:
+                    return future.result()
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    raise PolicyError(f"{self.name}: the generation worker stopped before answering")
+        except asyncio.CancelledError:
+            future.cancel()  # not started yet: the worker skips it
+            raise
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker once the requests queued so far have run; later ones raise ``PolicyError``."""
+        with self._start_lock:
+            self._closed = True
+            thread = self._thread
+            self._queue.put(_STOP)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("%s: the generation worker is still finishing a batch after %.0f s", self.name, timeout_s)
+
+    # ---- the worker's side -------------------------------------------------------------------
+
+    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
+        """``first`` plus whatever arrives within ``wait_s`` (up to ``max_batch_size``); and whether to stop."""
+        jobs, stop = [first], False
+        deadline = time.monotonic() + self.wait_s
+        while len(jobs) < self.max_batch_size:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if item is _STOP:
+                stop = True
+                break
+            jobs.append(item)
+        return [j for j in jobs if j.future.set_running_or_notify_cancel()], stop
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """One batch: every job's future gets its result, or the batch's error."""
+        started = time.perf_counter()
+        try:
+            results = self._generate([j.request for j in jobs])
+        except Exception as exc:  # noqa: BLE001 - a failing model fails this batch, never the worker
+            self.stats.failed_batches += 1
+            error = PolicyError(f"{self.name} failed on a batch of {len(jobs)} turn(s): {type(exc).__name__}: {exc}")
+            log.warning("%s", error)
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        elapsed = time.perf_counter() - started
+        self.stats.generate_seconds += elapsed
+        for job, (tokens, log_probs) in zip(jobs, results):
+            self.stats.generated_tokens += len(tokens)
+            job.future.set_result(Generation(tokens, log_probs, len(jobs), elapsed))
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[tuple[list[int], list[float]]]:
+        width = max(len(r.prompt) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            ids[row, width - len(request.prompt):] = torch.tensor(request.prompt, dtype=torch.long)
+            mask[row, width - len(request.prompt):] = 1
+        self.stats.batches += 1
+        self.stats.rows += len(requests)
+        self.stats.batch_sizes[len(requests)] += 1
+        self.stats.prompt_tokens += sum(len(r.prompt) for r in requests)
+        self.stats.padded_prompt_tokens += ids.numel()
+        sampler = RowSampler([r.temperature for r in requests], [r.top_p for r in requests],
+                             [row_generator(_seed(r)) for r in requests], width)
+        budgets = [r.max_new_tokens for r in requests]
+        config = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, eos_token_id=sorted(self.end_ids),
+                                  pad_token_id=self.pad_id)
+        device = self.model.device
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([RowBudgets(budgets, width)]),
+            )
+        generated = out[:, width:].cpu().tolist()
+        log_probs = sampler.log_probs().T.tolist()
+        results = []
+        for row, request in enumerate(requests):
+            tokens = generated[row][: request.max_new_tokens]
+            end = next((n for n, token in enumerate(tokens) if token in self.end_ids), None)
+            if end is not None:
+                tokens = tokens[: end + 1]
+            results.append((tokens, log_probs[row][: len(tokens)]))
+        return results
+
+
+def _seed(request: GenerationRequest) -> int:
+    if request.seed is not None:
+        return request.seed
+    return int(torch.randint(0, 1 << 62, (1,)).item())
+
+
+def _serve(owner_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
+    """The worker thread: batches until told to stop, or until its generator is garbage-collected.
+
+    It holds its generator (and so the model) only while a batch runs, so a policy that is
+    dropped without ``close`` is still freed; the thread then ends within ``_POLL_S``.
+    """
+    name = "local model"
+    owner = owner_ref()
+    if owner is not None:
+        torch.set_num_threads(owner.num_threads)  # per thread: OpenMP keeps the count per calling thread
+        name = owner.name
+    del owner
+    stop = False
+    try:
+        while not stop:
+            try:
+                first = jobs.get(timeout=_POLL_S)
+            except queue.Empty:
+                if owner_ref() is None:
+                    return
+                continue
+            if first is _STOP:
+                return
+            owner = owner_ref()
+            if owner is None:
+                first.future.set_exception(PolicyError(f"{name}: the policy was garbage-collected"))
+                return
+            batch, stop = owner._gather(first)
+            if batch:
+                owner._run(batch)
+            del owner, batch, first
+    finally:
+        _fail_queued(jobs, name)
+
+
+def _fail_queued(jobs: queue.SimpleQueue, name: str) -> None:
+    while True:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            return
+        if job is not _STOP and job.future.set_running_or_notify_cancel():
+            job.future.set_exception(PolicyError(f"{name}: closed before this turn was generated"))
