@@ -1,29 +1,39 @@
-"""One model, many concurrent turns: a worker thread that runs queued generations as padded batches.
+"""One model, many concurrent turns: a worker thread that runs queued generations as batches.
 
 :class:`BatchGenerator` owns a causal LM. :meth:`~BatchGenerator.generate` queues one prompt
 and awaits its result; a single worker thread takes whatever is queued, waits up to
-``wait_s`` for more (or until ``max_batch_size``), left-pads the prompts into one batch with an
-attention mask and runs one ``model.generate``. Each row has its own temperature, top-p, seed
-and token budget and stops at its own end-of-turn token (:mod:`~nemo_gym_env.policies.sampling`);
-each caller gets back exactly its own generated ids and their log-probabilities, cut at its
-first end-of-turn token (kept) or at its budget.
+``wait_s`` for more (or until ``max_batch_size``) and runs them as one batch:
+
+1. each prompt is prefilled on its own (all but its last token), starting from the longest
+   prefix whose key/value states are cached from an earlier turn (:mod:`~nemo_gym_env.policies.kv_cache`):
+   a turn computes only what its episode added since its last turn, and no padding is computed;
+2. those states, left-padded, make one cache, and one ``model.generate`` with an attention mask
+   decodes every row at once. Each row has its own temperature, top-p, seed and token budget and
+   stops at its own end-of-turn token (:mod:`~nemo_gym_env.policies.sampling`);
+3. each caller gets back exactly its own generated ids and their log-probabilities, cut at its
+   first end-of-turn token (kept) or at its budget, and the row's states go to the prefix cache.
+
+Models whose cache is not a plain dynamic cache skip steps 1 and 3's caching: their prompts are
+left-padded and generated whole.
 
 Why batches: one sequence at a time, a small model on a CPU spends each decoding step on
 per-step overhead and memory traffic, not arithmetic; a batch of 8 or 16 rows costs little
-more per step than one row (see ``benchmarks/README.md``, "The local policy").
+more per step than one row (``benchmarks/README.md``, "The local policy").
 
-Reproducibility: greedy rows (temperature 0) do not depend on the batch for the prompts the
-tests check (``tests/policies/test_batching.py``); a padded batch computes the same logits to
-within float rounding, so a near-tie between two tokens could in principle resolve
-differently. A sampled row draws its noise from its own generator, seeded per call, so the
-same seeds give the same tokens however calls are grouped into batches (within the same
-rounding caveat).
+Reproducibility: greedy rows (temperature 0) give the tokens they give alone for the prompts
+the tests check; the logits of a batch differ from a lone row's by float rounding (about 1e-5:
+the matrix kernels sum in a different order for a different number of rows, padding or not),
+so a near-tie between two tokens could in principle resolve differently. A sampled row draws
+its noise from its own generator, seeded per call, so the same seeds give the same tokens
+however calls are grouped into batches (within the same rounding caveat).
 
 Failures: a model that raises fails the requests of that batch only, each with a
 :class:`~nemo_gym_env.errors.PolicyError` naming the cause; later batches run as usual. Every
-wait is bounded: the worker polls its queue with a timeout, and a caller whose worker thread
-has died gets a ``PolicyError`` instead of waiting forever. A request cancelled before its batch
-starts is skipped.
+wait is bounded: the worker polls its queue with a timeout; a caller whose worker thread has
+died gets a ``PolicyError`` within a second instead of waiting forever; a caller that goes away
+(cancelled, timed out) has its row stopped at the next step, or skipped if its batch has not
+started; :meth:`~BatchGenerator.close` (also run at interpreter exit) stops a running batch at
+its next step.
 
 Threads: the worker sets torch's intra-op threads to ``num_threads`` (default: the CPUs this
 process may run on, unless ``OMP_NUM_THREADS`` is set). Importing this module sets
@@ -43,6 +53,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import os
@@ -62,6 +73,14 @@ from transformers import GenerationConfig  # noqa: E402
 from transformers.generation import LogitsProcessorList, StoppingCriteriaList  # noqa: E402
 
 from nemo_gym_env.errors import PolicyError  # noqa: E402
+from nemo_gym_env.policies.kv_cache import (  # noqa: E402
+    PrefixCache,
+    batch_cache,
+    cache_keyword,
+    prefill,
+    row_states,
+    supports_prefill,
+)
 from nemo_gym_env.policies.sampling import RowBudgets, RowSampler, row_generator  # noqa: E402
 
 __all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus", "prepare_model"]
@@ -120,17 +139,22 @@ class BatchStats:
     rows: int = 0
     failed_batches: int = 0
     prompt_tokens: int = 0
-    padded_prompt_tokens: int = 0
-    """Prompt positions the batches computed, padding included."""
+    """Tokens of every prompt."""
+    computed_prompt_tokens: int = 0
+    """Prompt positions the model computed: padding included, cached prefixes not."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose states came from the prefix cache."""
     generated_tokens: int = 0
     """Tokens returned to callers (each row cut at its own end)."""
     generate_seconds: float = 0.0
     batch_sizes: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters as plain JSON values."""
         return {"batches": self.batches, "rows": self.rows, "failed_batches": self.failed_batches,
-                "prompt_tokens": self.prompt_tokens, "padded_prompt_tokens": self.padded_prompt_tokens,
-                "generated_tokens": self.generated_tokens, "generate_seconds": round(self.generate_seconds, 3),
+                "prompt_tokens": self.prompt_tokens, "computed_prompt_tokens": self.computed_prompt_tokens,
+                "cached_prompt_tokens": self.cached_prompt_tokens, "generated_tokens": self.generated_tokens,
+                "generate_seconds": round(self.generate_seconds, 3),
                 "batch_sizes": dict(sorted(self.batch_sizes.items()))}
 
 
@@ -138,13 +162,16 @@ class BatchStats:
 class _Job:
     request: GenerationRequest
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    abandoned: bool = False
+    """Its caller has gone (cancelled or timed out): stop its row, drop its result."""
 
 
 _STOP = object()
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # generators whose worker may be running, closed at exit
 
 
 class BatchGenerator:
-    """Runs a causal LM's generations in padded batches on one worker thread (see the module docstring).
+    """Runs a causal LM's generations in batches on one worker thread (see the module docstring).
 
     Args:
         model: A transformers causal LM (on its device, in eval mode).
@@ -154,17 +181,21 @@ class BatchGenerator:
         wait_s: How long the worker waits for more requests after the first of a batch.
         num_threads: torch intra-op threads for the worker; None: :func:`available_cpus`, unless
             ``OMP_NUM_THREADS`` is set (then torch's own setting stands).
+        prefix_cache_mb: Memory for the key/value states of finished turns, reused by prompts
+            that extend them; 0 keeps none.
         name: Names the model in errors and logs.
     """
 
     def __init__(self, model: Any, *, end_ids: set[int], pad_id: int, max_batch_size: int = 16, wait_s: float = 0.01,
-                 num_threads: int | None = None, name: str = "local model"):
+                 num_threads: int | None = None, prefix_cache_mb: float = 1024, name: str = "local model"):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if wait_s < 0:
             raise ValueError(f"wait_s must be >= 0, got {wait_s}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         if not end_ids:
             raise ValueError("end_ids is empty: a row could never end before its budget")
         self.model = model
@@ -177,6 +208,9 @@ class BatchGenerator:
         self.num_threads = num_threads if num_threads is not None else torch.get_num_threads()
         self.name = name
         self.stats = BatchStats()
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20)))
+        self._prefill = supports_prefill(model)
+        self._keyword = cache_keyword(model) if self._prefill else ""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._start_lock = threading.Lock()
@@ -189,6 +223,9 @@ class BatchGenerator:
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
         """Queue ``request``; the future resolves to its :class:`Generation` (or a ``PolicyError``)."""
+        return self._submit(request).future
+
+    def _submit(self, request: GenerationRequest) -> _Job:
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
         if not request.prompt:
@@ -203,8 +240,9 @@ class BatchGenerator:
                 self._thread = threading.Thread(
                     target=_serve, args=(weakref.ref(self), self._queue), name=f"{self.name} batches", daemon=True)
                 self._thread.start()
+                _LIVE.add(self)
             self._queue.put(job)
-        return job.future
+        return job
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Queue ``request`` and wait for its row of a batch.
@@ -213,7 +251,8 @@ class BatchGenerator:
             PolicyError: The model failed on this request's batch, the worker stopped, or the
                 generator was closed.
         """
-        future = asyncio.wrap_future(self.submit(request))
+        job = self._submit(request)
+        future = asyncio.wrap_future(job.future)
         try:
             while True:
                 done, _ = await asyncio.wait({future}, timeout=_POLL_S)
@@ -223,11 +262,13 @@ class BatchGenerator:
                 if thread is None or not thread.is_alive():
                     raise PolicyError(f"{self.name}: the generation worker stopped before answering")
         except asyncio.CancelledError:
+            job.abandoned = True  # running: its row stops at the next step
             future.cancel()  # not started yet: the worker skips it
             raise
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the worker once the requests queued so far have run; later ones raise ``PolicyError``."""
+        """Stop the worker: a running batch stops at its next step (its unfinished rows raise ``PolicyError``),
+        queued and later requests raise ``PolicyError``."""
         with self._start_lock:
             self._closed = True
             thread = self._thread
@@ -235,7 +276,7 @@ class BatchGenerator:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             if thread.is_alive():
-                log.warning("%s: the generation worker is still finishing a batch after %.0f s", self.name, timeout_s)
+                log.warning("%s: the generation worker did not stop within %.0f s", self.name, timeout_s)
 
     # ---- the worker's side -------------------------------------------------------------------
 
@@ -264,7 +305,7 @@ class BatchGenerator:
         """One batch: every job's future gets its result, or the batch's error."""
         started = time.perf_counter()
         try:
-            results = self._generate([j.request for j in jobs])
+            results = self._generate(jobs)
         except Exception as exc:  # noqa: BLE001 - a failing model fails this batch, never the worker
             self.stats.failed_batches += 1
             error = PolicyError(f"{self.name} failed on a batch of {len(jobs)} turn(s): {type(exc).__name__}: {exc}")
@@ -275,10 +316,15 @@ class BatchGenerator:
         elapsed = time.perf_counter() - started
         self.stats.generate_seconds += elapsed
         for job, (tokens, log_probs) in zip(jobs, results):
-            self.stats.generated_tokens += len(tokens)
-            job.future.set_result(Generation(tokens, log_probs, len(jobs), elapsed))
+            request = job.request
+            if tokens and (tokens[-1] in self.end_ids or len(tokens) >= request.max_new_tokens):
+                self.stats.generated_tokens += len(tokens)
+                job.future.set_result(Generation(tokens, log_probs, len(jobs), elapsed))
+            else:  # halted: its caller went away, or the generator is closing
+                job.future.set_exception(PolicyError(f"{self.name}: closed while generating this turn"))
 
-    def _generate(self, requests: list[GenerationRequest]) -> list[tuple[list[int], list[float]]]:
+    def _generate(self, jobs: list[_Job]) -> list[tuple[list[int], list[float]]]:
+        requests = [j.request for j in jobs]
         width = max(len(r.prompt) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
@@ -289,20 +335,34 @@ class BatchGenerator:
         self.stats.rows += len(requests)
         self.stats.batch_sizes[len(requests)] += 1
         self.stats.prompt_tokens += sum(len(r.prompt) for r in requests)
-        self.stats.padded_prompt_tokens += ids.numel()
+        extra: dict[str, Any] = {}
+        if self._prefill:
+            rows = []
+            for request in requests:
+                head = request.prompt[:-1]
+                count, cached = self.prefix_cache.longest(head)
+                rows.append(prefill(self.model, head, cached, self._keyword))
+                self.stats.cached_prompt_tokens += count
+                self.stats.computed_prompt_tokens += len(request.prompt) - count
+            cache = batch_cache(rows, width - 1)
+            if cache is not None:
+                extra[self._keyword] = cache
+        else:
+            self.stats.computed_prompt_tokens += ids.numel()
         sampler = RowSampler([r.temperature for r in requests], [r.top_p for r in requests],
                              [row_generator(_seed(r)) for r in requests], width)
         budgets = [r.max_new_tokens for r in requests]
+        stops = RowBudgets(budgets, width, lambda: [j.abandoned or self._closed for j in jobs])
         config = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, eos_token_id=sorted(self.end_ids),
-                                  pad_token_id=self.pad_id)
+                                  pad_token_id=self.pad_id, return_dict_in_generate=True)
         device = self.model.device
         with torch.inference_mode():
             out = self.model.generate(
                 ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-                stopping_criteria=StoppingCriteriaList([RowBudgets(budgets, width)]),
+                logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stops]),
+                **extra,
             )
-        generated = out[:, width:].cpu().tolist()
+        generated = out.sequences[:, width:].cpu().tolist()
         log_probs = sampler.log_probs().T.tolist()
         results = []
         for row, request in enumerate(requests):
@@ -311,6 +371,13 @@ class BatchGenerator:
             if end is not None:
                 tokens = tokens[: end + 1]
             results.append((tokens, log_probs[row][: len(tokens)]))
+        cache = getattr(out, self._keyword, None) if self._prefill else None
+        if cache is not None and self.prefix_cache.max_bytes:
+            for row, (job, (tokens, _)) in enumerate(zip(jobs, results)):
+                if tokens and not job.abandoned:
+                    prompt = job.request.prompt
+                    states = row_states(cache, row, width - len(prompt), width - 1 + len(tokens))
+                    self.prefix_cache.put(prompt + tokens[:-1], states)
         return results
 
 
@@ -363,3 +430,10 @@ def _fail_queued(jobs: queue.SimpleQueue, name: str) -> None:
             return
         if job is not _STOP and job.future.set_running_or_notify_cancel():
             job.future.set_exception(PolicyError(f"{name}: closed before this turn was generated"))
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    """A worker still inside the model when the interpreter exits would abort it: stop them first."""
+    for generator in list(_LIVE):
+        generator.close(timeout_s=5.0)

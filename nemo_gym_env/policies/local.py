@@ -27,9 +27,10 @@ the prompt joins the queue of a :class:`~nemo_gym_env.policies.batching.BatchGen
 one thread runs whatever is queued as one left-padded ``model.generate`` call (up to
 ``max_batch_size`` rows, gathered for ``batch_wait_s``), each row with its own sampling
 settings, budget and end-of-turn stop. Each turn gets back exactly its own tokens, so the token
-invariant holds as for a turn generated alone, and the event loop stays free throughout. Each
-turn prefills its whole prompt (no key/value cache is kept between turns). A model that raises
-fails the turns of that batch only (``PolicyError`` with the cause).
+invariant holds as for a turn generated alone, and the event loop stays free throughout. The
+key/value states of finished turns are kept (``prefix_cache_mb``), so a turn computes only the
+tokens its episode added since its previous turn. A model that raises fails the turns of that
+batch only (``PolicyError`` with the cause).
 
 Reproducibility: temperature 0 is greedy; batched, it gives the tokens it gives alone (see
 :mod:`~nemo_gym_env.policies.batching` for the float-rounding caveat). With ``seed`` set, the
@@ -94,6 +95,9 @@ class LocalPolicy(Policy):
         batch_wait_s: How long a batch waits for more turns after its first one arrives.
         num_threads: torch intra-op threads for generation; None: every CPU this process may
             use, unless ``OMP_NUM_THREADS`` is set (Ray sets it per worker), which then stands.
+        prefix_cache_mb: Memory for the key/value states of finished turns, so that a prompt
+            extending one (the episode's next turn, another rollout of the same task) computes
+            only its new tokens; 0 turns it off.
 
     Attributes:
         load_seconds: How long loading the tokenizer and model took (provisioning included).
@@ -118,6 +122,7 @@ class LocalPolicy(Policy):
         max_batch_size: int = 16,
         batch_wait_s: float = 0.01,
         num_threads: int | None = None,
+        prefix_cache_mb: float = 1024,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,7 +159,7 @@ class LocalPolicy(Policy):
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
         self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
                                        max_batch_size=max_batch_size, wait_s=batch_wait_s,
-                                       num_threads=num_threads, name=self.name)
+                                       num_threads=num_threads, prefix_cache_mb=prefix_cache_mb, name=self.name)
         log.info("loaded %s on %s in %.1f s", label, device, self.load_seconds)
 
     def _end_of_turn_ids(self) -> set[int]:
@@ -261,7 +266,8 @@ class LocalPolicy(Policy):
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Batching counters so far: batches, rows, batch sizes, prompt and generated tokens, seconds."""
+        """Counters so far: batches, rows, batch sizes, prompt tokens (computed, from the prefix cache),
+        generated tokens, seconds in ``generate``."""
         return self._batcher.stats.as_dict()
 
     def close(self) -> None:

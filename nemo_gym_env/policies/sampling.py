@@ -28,7 +28,7 @@ Example (``model`` a causal LM, ``ids``/``mask`` a left-padded batch of width ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers.generation import LogitsProcessor, StoppingCriteria
@@ -103,11 +103,19 @@ class RowSampler(LogitsProcessor):
 
 
 class RowBudgets(StoppingCriteria):
-    """Stops each row once it has generated its own ``max_new_tokens``."""
+    """Stops each row once it has generated its own ``max_new_tokens``, or as soon as ``halted()`` says so.
 
-    def __init__(self, budgets: Sequence[int], width: int):
+    ``halted`` (optional) returns one flag per row, checked after every step: a row whose caller
+    has gone, or every row when the generator is closing.
+    """
+
+    def __init__(self, budgets: Sequence[int], width: int, halted: Callable[[], Sequence[bool]] | None = None):
         self.budgets = torch.tensor([int(b) for b in budgets])
         self.width = width
+        self.halted = halted
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor:
-        return (input_ids.shape[1] - self.width) >= self.budgets.to(input_ids.device)
+        done = (input_ids.shape[1] - self.width) >= self.budgets
+        if self.halted is not None:
+            done |= torch.tensor(list(self.halted()), dtype=torch.bool)
+        return done.to(input_ids.device)
