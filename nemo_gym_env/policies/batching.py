@@ -1,8 +1,8 @@
 """One model, many concurrent turns: a worker thread that runs queued generations as batches.
 
 :class:`BatchGenerator` owns a causal LM. :meth:`~BatchGenerator.generate` queues one prompt
-and awaits its result; a single worker thread takes whatever is queued, waits up to
-``wait_s`` for more (or until ``max_batch_size``) and runs them as one batch:
+and awaits its result; a single worker thread takes whatever is queued, waits for more while
+they keep coming (``wait_s`` apart, up to ``max_batch_size``) and runs them as one batch (:meth:`~BatchGenerator._gather` says how long it waits):
 
 1. each prompt is prefilled on its own (all but its last token), starting from the longest
    prefix whose key/value states are cached from an earlier turn (:mod:`~nemo_gym_env.policies.kv_cache`):
@@ -62,6 +62,7 @@ import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,7 @@ __all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "a
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # how often idle waits wake up to check that their other side is still there
+_MAX_GATHER_S = 1.0  # the longest a batch waits for more turns before it starts
 
 
 def available_cpus() -> int:
@@ -178,7 +180,10 @@ class BatchGenerator:
         end_ids: Token ids that end a turn; a row stops at the first one (which it keeps).
         pad_id: The id used to left-pad prompts (masked out).
         max_batch_size: Rows per ``generate`` call.
-        wait_s: How long the worker waits for more requests after the first of a batch.
+        wait_s: A batch starts once no request has arrived for this long (and none is being
+            prepared), at most ``_MAX_GATHER_S`` after its first.
+        preparing: How many callers are building a prompt they will submit shortly (the batch
+            waits for them); None: none are announced.
         num_threads: torch intra-op threads for the worker; None: :func:`available_cpus`, unless
             ``OMP_NUM_THREADS`` is set (then torch's own setting stands).
         prefix_cache_mb: Memory for the key/value states of finished turns, reused by prompts
@@ -186,8 +191,9 @@ class BatchGenerator:
         name: Names the model in errors and logs.
     """
 
-    def __init__(self, model: Any, *, end_ids: set[int], pad_id: int, max_batch_size: int = 16, wait_s: float = 0.01,
-                 num_threads: int | None = None, prefix_cache_mb: float = 1024, name: str = "local model"):
+    def __init__(self, model: Any, *, end_ids: set[int], pad_id: int, max_batch_size: int = 16, wait_s: float = 0.05,
+                 preparing: Callable[[], int] | None = None, num_threads: int | None = None,
+                 prefix_cache_mb: float = 1024, name: str = "local model"):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if wait_s < 0:
@@ -203,6 +209,7 @@ class BatchGenerator:
         self.pad_id = int(pad_id)
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
+        self._preparing = preparing or (lambda: 0)
         if num_threads is None and "OMP_NUM_THREADS" not in os.environ:
             num_threads = available_cpus()
         self.num_threads = num_threads if num_threads is not None else torch.get_num_threads()
@@ -281,24 +288,35 @@ class BatchGenerator:
     # ---- the worker's side -------------------------------------------------------------------
 
     def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        """``first`` plus whatever arrives within ``wait_s`` (up to ``max_batch_size``); and whether to stop."""
+        """``first`` plus what follows it closely (up to ``max_batch_size``); and whether to stop.
+
+        Gathering ends once nothing has arrived for ``wait_s`` and no caller is still building a
+        prompt (``preparing``), or after ``_MAX_GATHER_S``: concurrent episodes come back from
+        their tool calls a few milliseconds apart, and a turn left out waits a whole batch.
+        """
         jobs, stop = [first], False
-        deadline = time.monotonic() + self.wait_s
+        started = time.monotonic()
+        cap = started + max(_MAX_GATHER_S, self.wait_s)
+        deadline = min(cap, started + self.wait_s)
         while len(jobs) < self.max_batch_size:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                now = time.monotonic()
+                if now >= deadline:
+                    if now < cap and self._preparing() > 0:
+                        deadline = min(cap, now + self.wait_s)
+                        continue
                     break
                 try:
-                    item = self._queue.get(timeout=remaining)
+                    item = self._queue.get(timeout=deadline - now)
                 except queue.Empty:
-                    break
+                    continue
             if item is _STOP:
                 stop = True
                 break
             jobs.append(item)
+            deadline = min(cap, time.monotonic() + self.wait_s)
         return [j for j in jobs if j.future.set_running_or_notify_cancel()], stop
 
     def _run(self, jobs: list[_Job]) -> None:
@@ -324,6 +342,10 @@ class BatchGenerator:
                 job.future.set_exception(PolicyError(f"{self.name}: closed while generating this turn"))
 
     def _generate(self, jobs: list[_Job]) -> list[tuple[list[int], list[float]]]:
+        with torch.inference_mode():  # no autograd graph: prefill's activations would stay alive with its states
+            return self._generate_rows(jobs)
+
+    def _generate_rows(self, jobs: list[_Job]) -> list[tuple[list[int], list[float]]]:
         requests = [j.request for j in jobs]
         width = max(len(r.prompt) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -356,12 +378,10 @@ class BatchGenerator:
         config = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, eos_token_id=sorted(self.end_ids),
                                   pad_token_id=self.pad_id, return_dict_in_generate=True)
         device = self.model.device
-        with torch.inference_mode():
-            out = self.model.generate(
-                ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stops]),
-                **extra,
-            )
+        out = self.model.generate(
+            ids.to(device), attention_mask=mask.to(device), generation_config=config,
+            logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stops]), **extra,
+        )
         generated = out.sequences[:, width:].cpu().tolist()
         log_probs = sampler.log_probs().T.tolist()
         results = []

@@ -24,13 +24,14 @@ temperature 0 (greedy) it is the log-softmax of the raw logits.
 Concurrency: turns of concurrent episodes are generated together. Prompt building runs in a
 worker thread (``asyncio.to_thread``, one at a time: the tokenizer is not safe to share), then
 the prompt joins the queue of a :class:`~nemo_gym_env.policies.batching.BatchGenerator`, whose
-one thread runs whatever is queued as one left-padded ``model.generate`` call (up to
-``max_batch_size`` rows, gathered for ``batch_wait_s``), each row with its own sampling
-settings, budget and end-of-turn stop. Each turn gets back exactly its own tokens, so the token
-invariant holds as for a turn generated alone, and the event loop stays free throughout. The
-key/value states of finished turns are kept (``prefix_cache_mb``), so a turn computes only the
-tokens its episode added since its previous turn. A model that raises fails the turns of that
-batch only (``PolicyError`` with the cause).
+one thread runs what is queued as one batch (up to ``max_batch_size`` turns, gathered while
+they keep arriving ``batch_wait_s`` apart): each prompt prefilled on its own, then one
+``model.generate`` over the left-padded batch, each row with its own sampling settings, budget
+and end-of-turn stop. Each turn gets back exactly its own tokens, so the token invariant holds
+as for a turn generated alone, and the event loop stays free throughout. The key/value states
+of finished turns are kept (``prefix_cache_mb``), so a turn computes only the tokens its
+episode added since its previous turn. A model that raises fails the turns of that batch only
+(``PolicyError`` with the cause).
 
 Reproducibility: temperature 0 is greedy; batched, it gives the tokens it gives alone (see
 :mod:`~nemo_gym_env.policies.batching` for the float-rounding caveat). With ``seed`` set, the
@@ -92,7 +93,8 @@ class LocalPolicy(Policy):
             from torch's global generator.
         dtype: Weights' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
         max_batch_size: Turns generated together in one ``model.generate`` call.
-        batch_wait_s: How long a batch waits for more turns after its first one arrives.
+        batch_wait_s: A batch starts once no turn has arrived for this long and none is being
+            prepared (at most a second after its first turn).
         num_threads: torch intra-op threads for generation; None: every CPU this process may
             use, unless ``OMP_NUM_THREADS`` is set (Ray sets it per worker), which then stands.
         prefix_cache_mb: Memory for the key/value states of finished turns, so that a prompt
@@ -120,7 +122,7 @@ class LocalPolicy(Policy):
         seed: int | None = None,
         dtype: str = "float32",
         max_batch_size: int = 16,
-        batch_wait_s: float = 0.01,
+        batch_wait_s: float = 0.05,
         num_threads: int | None = None,
         prefix_cache_mb: float = 1024,
     ):
@@ -155,10 +157,13 @@ class LocalPolicy(Policy):
         self._pad_id = pad if pad is not None else min(self._end_ids)
         self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._lock = threading.Lock()  # the tokenizer and the recent-turns cache
+        self._count_lock = threading.Lock()
         self._calls = itertools.count()
+        self._preparing = 0  # turns whose prompt is being built: the next batch waits for them
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
         self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
                                        max_batch_size=max_batch_size, wait_s=batch_wait_s,
+                                       preparing=lambda: self._preparing,
                                        num_threads=num_threads, prefix_cache_mb=prefix_cache_mb, name=self.name)
         log.info("loaded %s on %s in %.1f s", label, device, self.load_seconds)
 
@@ -259,7 +264,13 @@ class LocalPolicy(Policy):
             PolicyError: The model failed on this turn's batch, or the policy was closed.
         """
         call = next(self._calls)
-        prompt, temperature, top_p, budget = await asyncio.to_thread(self._prepare, request)
+        with self._count_lock:
+            self._preparing += 1
+        try:
+            prompt, temperature, top_p, budget = await asyncio.to_thread(self._prepare, request)
+        finally:
+            with self._count_lock:
+                self._preparing -= 1
         seed = None if self.seed is None else self.seed + call
         generation = await self._batcher.generate(GenerationRequest(prompt, temperature, top_p, budget, seed))
         return await asyncio.to_thread(self._finish, prompt, generation)

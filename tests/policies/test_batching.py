@@ -71,6 +71,23 @@ def test_concurrent_requests_share_a_batch_and_each_gets_its_own_row():
     generator.close()
 
 
+def test_a_batch_waits_for_a_prompt_still_being_prepared():
+    model = StandIn()
+    preparing = [1]
+    generator = BatchGenerator(model, end_ids={END}, pad_id=0, wait_s=0.02, preparing=lambda: preparing[0])
+
+    async def main() -> list:
+        first = asyncio.ensure_future(generator.generate(_request(1)))
+        await asyncio.sleep(0.3)  # far longer than wait_s: only the announced preparation holds the batch
+        preparing[0] = 0
+        second = asyncio.ensure_future(generator.generate(_request(2)))
+        return await asyncio.gather(first, second)
+
+    first, second = asyncio.run(main())
+    assert model.calls == [2] and first.token_ids == [101, END] and second.token_ids == [102, END]
+    generator.close()
+
+
 def test_a_row_is_cut_at_its_budget():
     generator = BatchGenerator(StandIn(), end_ids={END}, pad_id=0)
     (result,) = asyncio.run(_all(generator, [_request(7, budget=1)]))
