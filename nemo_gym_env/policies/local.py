@@ -278,8 +278,9 @@ class LocalPolicy(Policy):
     @property
     def stats(self) -> dict[str, Any]:
         """Counters so far: batches, rows, batch sizes, prompt tokens (computed, from the prefix cache),
-        generated tokens, seconds in ``generate``."""
-        return self._batcher.stats.as_dict()
+        generated tokens, seconds in ``generate``; and the threads generation uses."""
+        return {**self._batcher.stats.as_dict(), "threads": self._batcher.num_threads,
+                "prefix_cache_mb": round(self._batcher.prefix_cache.nbytes / (1 << 20), 1)}
 
     def close(self) -> None:
         """Stop the generation worker once the turns already queued have run."""
