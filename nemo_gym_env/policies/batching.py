@@ -1,24 +1,28 @@
-"""One model, many concurrent turns: a worker thread that runs queued generations as batches.
+"""One model, many concurrent turns: a worker thread that decodes them together.
 
 :class:`BatchGenerator` owns a causal LM. :meth:`~BatchGenerator.generate` queues one prompt
-and awaits its result; a single worker thread takes whatever is queued, waits for more while
-they keep coming (``wait_s`` apart, up to ``max_batch_size``) and runs them as one batch (:meth:`~BatchGenerator._gather` says how long it waits):
+and awaits its result. A single worker thread runs a continuous batch
+(:class:`~nemo_gym_env.policies.decoding.RunningBatch`):
 
-1. each prompt is prefilled on its own (all but its last token), starting from the longest
-   prefix whose key/value states are cached from an earlier turn (:mod:`~nemo_gym_env.policies.kv_cache`):
-   a turn computes only what its episode added since its last turn, and no padding is computed;
-2. those states, left-padded, make one cache, and one ``model.generate`` with an attention mask
-   decodes every row at once. Each row has its own temperature, top-p, seed and token budget and
-   stops at its own end-of-turn token (:mod:`~nemo_gym_env.policies.sampling`);
-3. each caller gets back exactly its own generated ids and their log-probabilities, cut at its
-   first end-of-turn token (kept) or at its budget, and the row's states go to the prefix cache.
+1. a queued turn is prefilled on its own (all of its prompt but the last token), from the
+   longest prefix whose key/value states are cached (:mod:`~nemo_gym_env.policies.kv_cache`):
+   the previous turn of its episode, or another rollout of its task, so a turn computes only
+   what is new, and no padding is ever computed;
+2. it joins the running batch at the next step; every step decodes one token for every row in
+   one forward pass, each row with its own temperature, top-p, seed and token budget
+   (:mod:`~nemo_gym_env.policies.sampling`);
+3. a row that produced an end-of-turn token (kept) or its whole budget leaves at once: its
+   caller gets exactly its own generated ids and their log-probabilities, its states go to the
+   prefix cache, and its slot takes the next queued turn.
 
-Models whose cache is not a plain dynamic cache skip steps 1 and 3's caching: their prompts are
-left-padded and generated whole.
+When the batch is idle, the first turn waits for others while they keep coming (``wait_s``
+apart, or while a caller is still building its prompt; at most ``_MAX_GATHER_S``), so that
+concurrent episodes start together. Models whose cache is not a plain dynamic cache (sliding
+windows, linear attention) are generated as fixed batches instead (:mod:`~nemo_gym_env.policies.fixed_batch`).
 
 Why batches: one sequence at a time, a small model on a CPU spends each decoding step on
-per-step overhead and memory traffic, not arithmetic; a batch of 8 or 16 rows costs little
-more per step than one row (``benchmarks/README.md``, "The local policy").
+per-step overhead and memory traffic, not arithmetic; 8 or 16 rows cost little more per step
+than one (``benchmarks/README.md``, "The local policy").
 
 Reproducibility: greedy rows (temperature 0) give the tokens they give alone for the prompts
 the tests check; the logits of a batch differ from a lone row's by float rounding (about 1e-5:
@@ -27,13 +31,13 @@ so a near-tie between two tokens could in principle resolve differently. A sampl
 its noise from its own generator, seeded per call, so the same seeds give the same tokens
 however calls are grouped into batches (within the same rounding caveat).
 
-Failures: a model that raises fails the requests of that batch only, each with a
-:class:`~nemo_gym_env.errors.PolicyError` naming the cause; later batches run as usual. Every
+Failures: a model that raises fails the turns of the step it raised in (every row then in the
+batch, or the one turn whose prefill raised), each with a
+:class:`~nemo_gym_env.errors.PolicyError` naming the cause; the next turns run as usual. Every
 wait is bounded: the worker polls its queue with a timeout; a caller whose worker thread has
 died gets a ``PolicyError`` within a second instead of waiting forever; a caller that goes away
-(cancelled, timed out) has its row stopped at the next step, or skipped if its batch has not
-started; :meth:`~BatchGenerator.close` (also run at interpreter exit) stops a running batch at
-its next step.
+(cancelled, timed out) has its row dropped at the next step, or skipped if it has not started;
+:meth:`~BatchGenerator.close` (also run at interpreter exit) stops the batch at its next step.
 
 Threads: the worker sets torch's intra-op threads to ``num_threads`` (default: the CPUs this
 process may run on, unless ``OMP_NUM_THREADS`` is set). Importing this module sets
@@ -70,26 +74,19 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from transformers import GenerationConfig  # noqa: E402
-from transformers.generation import LogitsProcessorList, StoppingCriteriaList  # noqa: E402
 
 from nemo_gym_env.errors import PolicyError  # noqa: E402
-from nemo_gym_env.policies.kv_cache import (  # noqa: E402
-    PrefixCache,
-    batch_cache,
-    cache_keyword,
-    prefill,
-    row_states,
-    supports_prefill,
-)
-from nemo_gym_env.policies.sampling import RowBudgets, RowSampler, row_generator  # noqa: E402
+from nemo_gym_env.policies.decoding import Row, RunningBatch  # noqa: E402
+from nemo_gym_env.policies.fixed_batch import generate_fixed  # noqa: E402
+from nemo_gym_env.policies.kv_cache import PrefixCache, cache_keyword, prefill, supports_prefill  # noqa: E402
+from nemo_gym_env.policies.sampling import row_generator  # noqa: E402
 
 __all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus", "prepare_model"]
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # how often idle waits wake up to check that their other side is still there
-_MAX_GATHER_S = 1.0  # the longest a batch waits for more turns before it starts
+_MAX_GATHER_S = 1.0  # the longest an idle batch waits for more turns before it starts
 
 
 def available_cpus() -> int:
@@ -128,18 +125,22 @@ class Generation:
     token_ids: list[int]
     log_probs: list[float]
     batch_size: int
-    """How many rows its batch had."""
+    """How many rows were decoded with it at its last step."""
     seconds: float
-    """How long its batch's ``generate`` took."""
+    """From its prefill to its last token."""
 
 
 @dataclass
 class BatchStats:
-    """Counters over every batch run so far (read them; the worker updates them)."""
+    """Counters over everything generated so far (read them; the worker updates them)."""
 
-    batches: int = 0
+    steps: int = 0
+    """Forward passes that decoded a token for every row of the batch (or ``generate`` calls of fixed batches)."""
     rows: int = 0
-    failed_batches: int = 0
+    """Turns started."""
+    row_steps: int = 0
+    """Rows summed over steps: ``row_steps / steps`` is the mean batch."""
+    failed_steps: int = 0
     prompt_tokens: int = 0
     """Tokens of every prompt."""
     computed_prompt_tokens: int = 0
@@ -147,14 +148,18 @@ class BatchStats:
     cached_prompt_tokens: int = 0
     """Prompt tokens whose states came from the prefix cache."""
     generated_tokens: int = 0
-    """Tokens returned to callers (each row cut at its own end)."""
+    """Tokens returned to callers."""
     generate_seconds: float = 0.0
+    """Time in the model (prefill and steps)."""
     batch_sizes: Counter = field(default_factory=Counter)
+    """Steps by the number of rows they decoded."""
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain JSON values."""
-        return {"batches": self.batches, "rows": self.rows, "failed_batches": self.failed_batches,
-                "prompt_tokens": self.prompt_tokens, "computed_prompt_tokens": self.computed_prompt_tokens,
+        return {"steps": self.steps, "rows": self.rows, "row_steps": self.row_steps,
+                "mean_batch": round(self.row_steps / self.steps, 2) if self.steps else 0.0,
+                "failed_steps": self.failed_steps, "prompt_tokens": self.prompt_tokens,
+                "computed_prompt_tokens": self.computed_prompt_tokens,
                 "cached_prompt_tokens": self.cached_prompt_tokens, "generated_tokens": self.generated_tokens,
                 "generate_seconds": round(self.generate_seconds, 3),
                 "batch_sizes": dict(sorted(self.batch_sizes.items()))}
@@ -166,6 +171,8 @@ class _Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     abandoned: bool = False
     """Its caller has gone (cancelled or timed out): stop its row, drop its result."""
+    row: Row | None = None
+    started: float = 0.0
 
 
 _STOP = object()
@@ -173,13 +180,13 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # generators whose worker may be run
 
 
 class BatchGenerator:
-    """Runs a causal LM's generations in batches on one worker thread (see the module docstring).
+    """Runs a causal LM's generations together on one worker thread (see the module docstring).
 
     Args:
         model: A transformers causal LM (on its device, in eval mode).
         end_ids: Token ids that end a turn; a row stops at the first one (which it keeps).
         pad_id: The id used to left-pad prompts (masked out).
-        max_batch_size: Rows per ``generate`` call.
+        max_batch_size: Rows decoded together.
         wait_s: A batch starts once no request has arrived for this long (and none is being
             prepared), at most ``_MAX_GATHER_S`` after its first.
         preparing: How many callers are building a prompt they will submit shortly (the batch
@@ -216,12 +223,23 @@ class BatchGenerator:
         self.name = name
         self.stats = BatchStats()
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20)))
-        self._prefill = supports_prefill(model)
-        self._keyword = cache_keyword(model) if self._prefill else ""
+        self._keyword = cache_keyword(model) if supports_prefill(model) else ""
+        self._running = RunningBatch(model, self.end_ids) if self._keyword else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    @property
+    def model(self) -> Any:
+        """The causal LM (replacing it takes effect at the next step)."""
+        return self._model
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        self._model = model
+        if getattr(self, "_running", None) is not None:
+            self._running.model = model
 
     def __repr__(self) -> str:
         return f"BatchGenerator(name={self.name!r}, max_batch_size={self.max_batch_size}, threads={self.num_threads})"
@@ -292,7 +310,7 @@ class BatchGenerator:
 
         Gathering ends once nothing has arrived for ``wait_s`` and no caller is still building a
         prompt (``preparing``), or after ``_MAX_GATHER_S``: concurrent episodes come back from
-        their tool calls a few milliseconds apart, and a turn left out waits a whole batch.
+        their tool calls a few milliseconds apart, and starting them together fills the batch.
         """
         jobs, stop = [first], False
         started = time.monotonic()
@@ -319,86 +337,127 @@ class BatchGenerator:
             deadline = min(cap, time.monotonic() + self.wait_s)
         return [j for j in jobs if j.future.set_running_or_notify_cancel()], stop
 
-    def _run(self, jobs: list[_Job]) -> None:
-        """One batch: every job's future gets its result, or the batch's error."""
+    def _drain(self, room: int) -> tuple[list[_Job], bool]:
+        """Up to ``room`` queued jobs, without waiting; and whether to stop."""
+        jobs: list[_Job] = []
+        while len(jobs) < room:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return [j for j in jobs if j.future.set_running_or_notify_cancel()], True
+            jobs.append(item)
+        return [j for j in jobs if j.future.set_running_or_notify_cancel()], False
+
+    def _busy(self) -> bool:
+        return self._running is not None and bool(self._running.rows)
+
+    def _work(self, jobs: list[_Job]) -> None:
+        """Start ``jobs`` and decode one step (a fixed batch, for models without a running batch)."""
+        for job in jobs:
+            self.stats.rows += 1
+            self.stats.prompt_tokens += len(job.request.prompt)
+        if self._running is None:
+            if jobs:
+                self._run_fixed(jobs)
+            return
+        self._admit(jobs)
+        if self._running.rows:
+            self._step()
+
+    def _admit(self, jobs: list[_Job]) -> None:
+        """Prefill each job's prompt (a failure fails that job only) and let them join the running batch."""
+        arrivals = []
+        for job in jobs:
+            request = job.request
+            head = request.prompt[:-1]
+            started = time.perf_counter()
+            try:
+                count, cached = self.prefix_cache.longest(head)
+                states = prefill(self.model, head, cached, self._keyword)
+            except Exception as exc:  # noqa: BLE001 - a failing model fails this turn, never the worker
+                self._fail([job], exc, "prefilling a turn")
+                continue
+            finally:
+                self.stats.generate_seconds += time.perf_counter() - started
+            self.stats.cached_prompt_tokens += count
+            self.stats.computed_prompt_tokens += len(request.prompt) - count
+            job.started = time.perf_counter()
+            job.row = Row(key=job, prompt=list(request.prompt), temperature=request.temperature, top_p=request.top_p,
+                          budget=request.max_new_tokens, generator=row_generator(_seed(request)))
+            arrivals.append((job.row, states))
+        self._running.add(arrivals)
+
+    def _step(self) -> None:
+        running = self._running
+        rows = len(running.rows)
         started = time.perf_counter()
         try:
-            results = self._generate(jobs)
-        except Exception as exc:  # noqa: BLE001 - a failing model fails this batch, never the worker
-            self.stats.failed_batches += 1
-            error = PolicyError(f"{self.name} failed on a batch of {len(jobs)} turn(s): {type(exc).__name__}: {exc}")
-            log.warning("%s", error)
-            for job in jobs:
-                job.future.set_exception(error)
+            running.step()
+        except Exception as exc:  # noqa: BLE001 - a failing model fails this step's turns, never the worker
+            jobs = [row.key for row in running.rows]
+            running.clear()
+            self._fail(jobs, exc, f"a batch of {rows} turn(s)")
             return
+        finally:
+            self.stats.generate_seconds += time.perf_counter() - started
+        self.stats.steps += 1
+        self.stats.row_steps += rows
+        self.stats.batch_sizes[rows] += 1
+        finished = [row for row in running.rows if running.ended(row)]
+        states = {id(row): running.states(row) for row in finished
+                  if self.prefix_cache.max_bytes and not row.key.abandoned}
+        for row in running.pop_finished(halted=lambda row: row.key.abandoned or self._closed):
+            job = row.key
+            if row.halted:
+                job.future.set_exception(PolicyError(f"{self.name}: stopped before this turn was finished "
+                                                     "(the policy was closed, or the turn was cancelled)"))
+                continue
+            if id(row) in states:
+                self.prefix_cache.put(row.prompt + row.tokens[:-1], states[id(row)])
+            self.stats.generated_tokens += len(row.tokens)
+            job.future.set_result(Generation(row.tokens, row.log_probs, rows, time.perf_counter() - job.started))
+
+    def _run_fixed(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter()
+        rows = [(j.request.prompt, j.request.temperature, j.request.top_p, j.request.max_new_tokens,
+                 row_generator(_seed(j.request))) for j in jobs]
+        try:
+            results = generate_fixed(self.model, rows, end_ids=self.end_ids, pad_id=self.pad_id,
+                                     halted=lambda: [j.abandoned or self._closed for j in jobs])
+        except Exception as exc:  # noqa: BLE001 - a failing model fails this batch, never the worker
+            self._fail(jobs, exc, f"a batch of {len(jobs)} turn(s)")
+            return
+        finally:
+            self.stats.generate_seconds += time.perf_counter() - started
+        self.stats.steps += 1
+        self.stats.row_steps += len(jobs)
+        self.stats.batch_sizes[len(jobs)] += 1
+        self.stats.computed_prompt_tokens += len(jobs) * max(len(j.request.prompt) for j in jobs)
         elapsed = time.perf_counter() - started
-        self.stats.generate_seconds += elapsed
         for job, (tokens, log_probs) in zip(jobs, results):
-            request = job.request
-            if tokens and (tokens[-1] in self.end_ids or len(tokens) >= request.max_new_tokens):
+            if tokens and (tokens[-1] in self.end_ids or len(tokens) >= job.request.max_new_tokens):
                 self.stats.generated_tokens += len(tokens)
                 job.future.set_result(Generation(tokens, log_probs, len(jobs), elapsed))
-            else:  # halted: its caller went away, or the generator is closing
-                job.future.set_exception(PolicyError(f"{self.name}: closed while generating this turn"))
+            else:
+                job.future.set_exception(PolicyError(f"{self.name}: stopped before this turn was finished "
+                                                     "(the policy was closed, or the turn was cancelled)"))
 
-    def _generate(self, jobs: list[_Job]) -> list[tuple[list[int], list[float]]]:
-        with torch.inference_mode():  # no autograd graph: prefill's activations would stay alive with its states
-            return self._generate_rows(jobs)
+    def _fail(self, jobs: list[_Job], exc: Exception, what: str) -> None:
+        self.stats.failed_steps += 1
+        error = PolicyError(f"{self.name} failed on {what}: {type(exc).__name__}: {exc}")
+        log.warning("%s", error)
+        for job in jobs:
+            job.future.set_exception(error)
 
-    def _generate_rows(self, jobs: list[_Job]) -> list[tuple[list[int], list[float]]]:
-        requests = [j.request for j in jobs]
-        width = max(len(r.prompt) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids[row, width - len(request.prompt):] = torch.tensor(request.prompt, dtype=torch.long)
-            mask[row, width - len(request.prompt):] = 1
-        self.stats.batches += 1
-        self.stats.rows += len(requests)
-        self.stats.batch_sizes[len(requests)] += 1
-        self.stats.prompt_tokens += sum(len(r.prompt) for r in requests)
-        extra: dict[str, Any] = {}
-        if self._prefill:
-            rows = []
-            for request in requests:
-                head = request.prompt[:-1]
-                count, cached = self.prefix_cache.longest(head)
-                rows.append(prefill(self.model, head, cached, self._keyword))
-                self.stats.cached_prompt_tokens += count
-                self.stats.computed_prompt_tokens += len(request.prompt) - count
-            cache = batch_cache(rows, width - 1)
-            if cache is not None:
-                extra[self._keyword] = cache
-        else:
-            self.stats.computed_prompt_tokens += ids.numel()
-        sampler = RowSampler([r.temperature for r in requests], [r.top_p for r in requests],
-                             [row_generator(_seed(r)) for r in requests], width)
-        budgets = [r.max_new_tokens for r in requests]
-        stops = RowBudgets(budgets, width, lambda: [j.abandoned or self._closed for j in jobs])
-        config = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, eos_token_id=sorted(self.end_ids),
-                                  pad_token_id=self.pad_id, return_dict_in_generate=True)
-        device = self.model.device
-        out = self.model.generate(
-            ids.to(device), attention_mask=mask.to(device), generation_config=config,
-            logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stops]), **extra,
-        )
-        generated = out.sequences[:, width:].cpu().tolist()
-        log_probs = sampler.log_probs().T.tolist()
-        results = []
-        for row, request in enumerate(requests):
-            tokens = generated[row][: request.max_new_tokens]
-            end = next((n for n, token in enumerate(tokens) if token in self.end_ids), None)
-            if end is not None:
-                tokens = tokens[: end + 1]
-            results.append((tokens, log_probs[row][: len(tokens)]))
-        cache = getattr(out, self._keyword, None) if self._prefill else None
-        if cache is not None and self.prefix_cache.max_bytes:
-            for row, (job, (tokens, _)) in enumerate(zip(jobs, results)):
-                if tokens and not job.abandoned:
-                    prompt = job.request.prompt
-                    states = row_states(cache, row, width - len(prompt), width - 1 + len(tokens))
-                    self.prefix_cache.put(prompt + tokens[:-1], states)
-        return results
+    def _stop_all(self) -> None:
+        """Fail every turn still in the batch (the generator is closing)."""
+        if self._running is not None and self._running.rows:
+            jobs = [row.key for row in self._running.rows]
+            self._running.clear()
+            for job in jobs:
+                job.future.set_exception(PolicyError(f"{self.name}: closed before this turn was finished"))
 
 
 def _seed(request: GenerationRequest) -> int:
@@ -408,37 +467,46 @@ def _seed(request: GenerationRequest) -> int:
 
 
 def _serve(owner_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
-    """The worker thread: batches until told to stop, or until its generator is garbage-collected.
+    """The worker thread: decodes until told to stop, or until its generator is garbage-collected.
 
-    It holds its generator (and so the model) only while a batch runs, so a policy that is
-    dropped without ``close`` is still freed; the thread then ends within ``_POLL_S``.
+    While the batch is idle it holds no reference to its generator (and so to the model), so a
+    policy dropped without ``close`` is still freed; the thread then ends within ``_POLL_S``.
     """
     name = "local model"
     owner = owner_ref()
     if owner is not None:
         torch.set_num_threads(owner.num_threads)  # per thread: OpenMP keeps the count per calling thread
         name = owner.name
-    del owner
-    stop = False
     try:
-        while not stop:
-            try:
-                first = jobs.get(timeout=_POLL_S)
-            except queue.Empty:
-                if owner_ref() is None:
+        while True:
+            if owner is None or not owner._busy():
+                owner = None
+                try:
+                    first = jobs.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if owner_ref() is None:
+                        return
+                    continue
+                if first is _STOP:
                     return
-                continue
-            if first is _STOP:
+                owner = owner_ref()
+                if owner is None:
+                    first.future.set_exception(PolicyError(f"{name}: the policy was garbage-collected"))
+                    return
+                batch, stop = owner._gather(first)
+            else:
+                batch, stop = owner._drain(owner.max_batch_size - len(owner._running.rows))
+            if stop:
+                for job in batch:
+                    job.future.set_exception(PolicyError(f"{name}: closed before this turn was generated"))
+                owner._stop_all()
                 return
-            owner = owner_ref()
-            if owner is None:
-                first.future.set_exception(PolicyError(f"{name}: the policy was garbage-collected"))
-                return
-            batch, stop = owner._gather(first)
-            if batch:
-                owner._run(batch)
-            del owner, batch, first
+            with torch.inference_mode():  # no autograd graph: prefill's activations would stay alive
+                owner._work(batch)
+            del batch
     finally:
+        if owner is not None:
+            owner._stop_all()
         _fail_queued(jobs, name)
 
 

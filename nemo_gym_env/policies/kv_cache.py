@@ -1,20 +1,16 @@
-"""Key/value states of the local model: each prompt prefilled on its own, a batch's cache assembled, turns reused.
+"""Key/value states of the local model: each prompt prefilled on its own, finished turns reused.
 
 Multi-turn prompts grow by extension (docs/architecture.md, "The wire": each call's prompt
 starts with every token seen so far), so most of a turn's prompt was already computed by the
 previous turn of the same episode, and concurrent rollouts of one task share their whole first
 prompt. :class:`PrefixCache` keeps the key/value states of recently finished sequences (prompt
 plus generated tokens, bounded in bytes, least recently used dropped first) and hands out the
-longest cached prefix of a new prompt, so only the rest is computed.
-
-:func:`prefill` computes one prompt (all but its last token) on top of a cached prefix, batch of
-one: no padding is computed, and the numbers are the ones a lone prompt gets.
-:func:`batch_cache` left-pads those per-row states into one cache for a batched ``generate``,
-which then runs only the last prompt token and the new ones. :func:`row_states` copies one
-row's states back out of a finished batch.
+longest cached prefix of a new prompt; :func:`prefill` computes the rest of the prompt on top
+of it, batch of one: no padding is computed, and the numbers are the ones a lone prompt gets.
 
 Only models whose cache is a plain dynamic cache (every layer attends to the whole context) take
-this path (:func:`supports_prefill`); others are generated from padded prompts as a whole.
+this path (:func:`supports_prefill`); the others are generated as fixed batches
+(:mod:`~nemo_gym_env.policies.fixed_batch`).
 
 States are ``[(keys, values), ...]``, one pair per layer, each ``(1, heads, tokens, head_dim)``.
 """
@@ -30,7 +26,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["PrefixCache", "States", "batch_cache", "cache_keyword", "prefill", "row_states", "supports_prefill"]
+__all__ = ["PrefixCache", "States", "cache_keyword", "prefill", "supports_prefill"]
 
 States = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -69,31 +65,6 @@ def prefill(model: Any, tokens: Sequence[int], cached: States | None, keyword: s
     ids = torch.tensor([list(tokens[done:])], dtype=torch.long, device=model.device)
     model(input_ids=ids, use_cache=True, logits_to_keep=1, **{keyword: cache})
     return _layers(cache)
-
-
-def batch_cache(rows: Sequence[States], width: int) -> DynamicCache | None:
-    """One cache of ``len(rows)`` rows, each row's states right-aligned in ``width`` positions (zeros before)."""
-    if width == 0 or not any(rows):
-        return None
-    template = next(r for r in rows if r)
-    batch = []
-    for layer, (keys, values) in enumerate(template):
-        shape = (len(rows), keys.shape[1], width, keys.shape[3])
-        all_keys = torch.zeros(shape, dtype=keys.dtype, device=keys.device)
-        all_values = torch.zeros(shape, dtype=values.dtype, device=values.device)
-        for row, states in enumerate(rows):
-            if states:
-                count = states[layer][0].shape[2]
-                if count:
-                    all_keys[row, :, width - count:] = states[layer][0][0]
-                    all_values[row, :, width - count:] = states[layer][1][0]
-        batch.append((all_keys, all_values))
-    return _dynamic(batch)
-
-
-def row_states(cache: Any, row: int, start: int, stop: int) -> States:
-    """A copy of one row's states at positions ``start:stop`` of a batch's cache."""
-    return [(k[row: row + 1, :, start:stop].clone(), v[row: row + 1, :, start:stop].clone()) for k, v in _layers(cache)]
 
 
 def _nbytes(states: States) -> int:

@@ -1,9 +1,7 @@
-"""Per-row decoding inside one padded ``model.generate`` call: each row its own temperature, top-p, seed and budget.
+"""Per-row decoding: each row of a batch its own temperature, top-p, seed and budget.
 
 A batch of the local model mixes turns of different episodes, so sampling settings cannot be
-the batch's. :class:`RowSampler` is a logits processor that picks every row's next token
-itself and hands ``generate`` (run greedy, ``do_sample=False``) a one-hot score, so the token
-``generate`` appends is always the one chosen here:
+the batch's. :func:`choose` picks every row's next token:
 
 - temperature 0: the argmax of the raw logits (greedy);
 - temperature > 0: logits divided by the temperature, cut to the top-p nucleus (as
@@ -12,18 +10,17 @@ itself and hands ``generate`` (run greedy, ``do_sample=False``) a one-hot score,
   exact sample of the softmax, and it makes a row's tokens depend on its own seed only, never
   on which other rows share its batch or in what order.
 
-It records the log-probability of each chosen token under the distribution it was chosen from
-(the log-softmax of the processed scores; of the raw logits when greedy). :class:`RowBudgets`
-stops each row at its own ``max_new_tokens``; ``generate``'s end-of-sequence check stops it at
-an end-of-turn token.
+It returns the log-probability of each chosen token under the distribution it was chosen from
+(the log-softmax of the processed scores; of the raw logits when greedy).
 
-Example (``model`` a causal LM, ``ids``/``mask`` a left-padded batch of width ``width``)::
+For models decoded as a fixed batch by ``model.generate`` (those whose cache the running batch
+cannot rearrange), :class:`RowSampler` does the same as a logits processor (``generate`` runs
+greedy and appends the token chosen here) and :class:`RowBudgets` stops each row at its own
+``max_new_tokens``.
 
-    sampler = RowSampler([0.0, 0.7], [1.0, 0.95], [row_generator(1), row_generator(2)], width)
-    out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=32,
-                         logits_processor=LogitsProcessorList([sampler]),
-                         stopping_criteria=StoppingCriteriaList([RowBudgets([8, 32], width)]))
-    sampler.log_probs()   # (steps, rows)
+Example::
+
+    tokens, log_probs = choose(logits, [0.0, 0.7], [1.0, 0.95], [row_generator(1), row_generator(2)])
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.generation import LogitsProcessor, StoppingCriteria
 
-__all__ = ["RowBudgets", "RowSampler", "row_generator"]
+__all__ = ["RowBudgets", "RowSampler", "choose", "choose_tensor", "row_generator", "top_p_mask"]
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -53,8 +50,41 @@ def top_p_mask(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return outside.scatter(1, order, outside)
 
 
+def choose_tensor(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Sequence[float],
+                  generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token (``(rows,)``) and its log-probability under the distribution it came from."""
+    processed = logits.float()
+    chosen = processed.argmax(dim=-1)
+    sampled = [i for i, t in enumerate(temperatures) if t > 0]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits.device)
+        sub = processed[rows] / torch.tensor([float(temperatures[i]) for i in sampled], device=logits.device)[:, None]
+        top_p = torch.tensor([float(top_ps[i]) for i in sampled], device=logits.device)
+        if bool((top_p < 1).any()):
+            sub = sub.masked_fill(top_p_mask(sub, top_p), float("-inf"))
+        processed = processed.index_copy(0, rows, sub)
+        noise = torch.stack([torch.rand(sub.shape[-1], generator=generators[i]) for i in sampled])
+        gumbel = -torch.log(-torch.log(noise.clamp_(min=_TINY, max=1.0 - 1e-7)))
+        chosen = chosen.index_copy(0, rows, (sub + gumbel.to(sub.device)).argmax(dim=-1))
+    log_probs = torch.log_softmax(processed, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+    return chosen, log_probs
+
+
+def choose(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Sequence[float],
+           generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
+    """:func:`choose_tensor` as lists: each row's token and its log-probability.
+
+    Example:
+        >>> choose(torch.tensor([[0.0, 2.0, 1.0]]), [0.0], [1.0], [row_generator(0)])[0]
+        [1]
+    """
+    chosen, log_probs = choose_tensor(logits, temperatures, top_ps, generators)
+    return chosen.tolist(), log_probs.float().tolist()
+
+
 class RowSampler(LogitsProcessor):
-    """Chooses each row's next token (greedy or sampled, per row) and records its log-probability.
+    """:func:`choose_tensor` inside ``model.generate`` (run greedy): it picks each row's token and hands
+    ``generate`` a one-hot score, recording the log-probabilities (for models decoded as a fixed batch).
 
     Args:
         temperatures: Per row; 0 is greedy.
@@ -71,26 +101,12 @@ class RowSampler(LogitsProcessor):
         self.top_ps = [float(p) for p in top_ps]
         self.generators = list(generators)
         self.width = width
-        self._sampled = [i for i, t in enumerate(self.temperatures) if t > 0]
         self._steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step = input_ids.shape[1] - self.width
         del self._steps[step:]  # a step generate undid and runs again is recorded once
-        processed = scores.float()
-        chosen = processed.argmax(dim=-1)
-        if self._sampled:
-            rows = torch.tensor(self._sampled, device=scores.device)
-            sub = processed[rows] / torch.tensor([self.temperatures[i] for i in self._sampled],
-                                                 device=scores.device)[:, None]
-            top_p = torch.tensor([self.top_ps[i] for i in self._sampled], device=scores.device)
-            if bool((top_p < 1).any()):
-                sub = sub.masked_fill(top_p_mask(sub, top_p), float("-inf"))
-            processed = processed.index_copy(0, rows, sub)
-            noise = torch.stack([torch.rand(sub.shape[-1], generator=self.generators[i]) for i in self._sampled])
-            gumbel = -torch.log(-torch.log(noise.clamp_(min=_TINY, max=1.0 - 1e-7)))
-            chosen = chosen.index_copy(0, rows, (sub + gumbel.to(sub.device)).argmax(dim=-1))
-        log_probs = torch.log_softmax(processed, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        chosen, log_probs = choose_tensor(scores, self.temperatures, self.top_ps, self.generators)
         self._steps.append(log_probs)
         one_hot = torch.full_like(scores, float("-inf"))
         return one_hot.scatter_(1, chosen[:, None], 0.0)
