@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks-per-server", type=int, default=2)
     parser.add_argument("--max-output-tokens", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, help="torch threads of the policy (default: every available CPU)")
     parser.add_argument("--quick", action="store_true", help="1 round, 1 task per server, 16 tokens a turn")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--name", default="local_policy")
@@ -64,7 +65,7 @@ def _level(concurrency: int, tasks: list, urls: dict[str, str], args: argparse.N
     from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
     from nemo_gym_env.rollouts.output import is_failure
 
-    policy = LocalPolicy(temperature=0.0)
+    policy = LocalPolicy(temperature=0.0, num_threads=args.threads)
     clients = ServerClients(urls)
     sampling = {"temperature": 0.0, "max_output_tokens": args.max_output_tokens}
     jobs = [RolloutJob(apply_sampling(row, sampling), n, 0, clients[server], policy, server)
@@ -86,8 +87,9 @@ def _level(concurrency: int, tasks: list, urls: dict[str, str], args: argparse.N
         "concurrency": concurrency, "rollouts": len(done), "failed": len(rows) - len(done), "seconds": seconds,
         "output_tokens": output_tokens, "input_tokens": input_tokens, "tokens_per_s": output_tokens / seconds,
         "rollouts_per_s": len(done) / seconds, "mean_reward": statistics.fmean(r["reward"] for r in done) if done else 0,
-        "turns": stats["rows"], "batches": stats["batches"], "mean_batch": stats["rows"] / max(stats["batches"], 1),
-        "generate_seconds": stats["generate_seconds"], "policy_stats": stats, "loadavg_1m_before": load,
+        "turns": stats["rows"], "steps": stats["steps"], "mean_batch": stats["mean_batch"],
+        "prefill_seconds": stats["prefill_seconds"], "step_seconds": stats["step_seconds"],
+        "ms_per_step": 1000 * stats["step_seconds"] / max(stats["steps"], 1), "policy_stats": stats, "loadavg_1m_before": load,
         "loadavg_1m_after": os.getloadavg()[0],
     }
 
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"round": round_, **result})
                 print(f"round {round_} concurrency {concurrency:>2}: {result['tokens_per_s']:.1f} tokens/s, "
                       f"{result['rollouts_per_s']:.3f} rollouts/s, {result['seconds']:.0f} s, mean batch "
-                      f"{result['mean_batch']:.1f}, load {result['loadavg_1m_before']:.1f}", flush=True)
+                      f"{result['mean_batch']:.1f}, {result['ms_per_step']:.0f} ms a step, prefill "
+                      f"{result['prefill_seconds']:.0f} s, load {result['loadavg_1m_before']:.1f}", flush=True)
 
     base = args.concurrency[0]
     summary = []

@@ -81,7 +81,7 @@ from nemo_gym_env.policies.fixed_batch import generate_fixed  # noqa: E402
 from nemo_gym_env.policies.kv_cache import PrefixCache, cache_keyword, prefill, supports_prefill  # noqa: E402
 from nemo_gym_env.policies.sampling import row_generator  # noqa: E402
 
-__all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus", "prepare_model"]
+__all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus"]
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +95,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def prepare_model(model: Any, device: str, dtype: str) -> Any:
-    """``model`` on ``device`` in ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``), in eval mode."""
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
-        raise ValueError(f"dtype must name a floating-point torch dtype (float32, bfloat16, float16), got {dtype!r}")
-    return model.to(device=device, dtype=torch_dtype).eval()
 
 
 @dataclass
@@ -134,25 +126,17 @@ class Generation:
 class BatchStats:
     """Counters over everything generated so far (read them; the worker updates them)."""
 
-    steps: int = 0
-    """Forward passes that decoded a token for every row of the batch (or ``generate`` calls of fixed batches)."""
-    rows: int = 0
-    """Turns started."""
-    row_steps: int = 0
-    """Rows summed over steps: ``row_steps / steps`` is the mean batch."""
+    steps: int = 0  # forward passes decoding one token per row (``generate`` calls for fixed batches)
+    rows: int = 0  # turns started
+    row_steps: int = 0  # rows summed over steps: / steps is the mean batch
     failed_steps: int = 0
     prompt_tokens: int = 0
-    """Tokens of every prompt."""
-    computed_prompt_tokens: int = 0
-    """Prompt positions the model computed: padding included, cached prefixes not."""
-    cached_prompt_tokens: int = 0
-    """Prompt tokens whose states came from the prefix cache."""
-    generated_tokens: int = 0
-    """Tokens returned to callers."""
-    generate_seconds: float = 0.0
-    """Time in the model (prefill and steps)."""
-    batch_sizes: Counter = field(default_factory=Counter)
-    """Steps by the number of rows they decoded."""
+    computed_prompt_tokens: int = 0  # prompt positions computed: padding included, cached prefixes not
+    cached_prompt_tokens: int = 0  # prompt tokens whose states came from the prefix cache
+    generated_tokens: int = 0  # tokens returned to callers
+    prefill_seconds: float = 0.0  # time prefilling prompts
+    step_seconds: float = 0.0  # time in decoding steps (fixed batches: in generate)
+    batch_sizes: Counter = field(default_factory=Counter)  # steps by the number of rows they decoded
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain JSON values."""
@@ -161,7 +145,7 @@ class BatchStats:
                 "failed_steps": self.failed_steps, "prompt_tokens": self.prompt_tokens,
                 "computed_prompt_tokens": self.computed_prompt_tokens,
                 "cached_prompt_tokens": self.cached_prompt_tokens, "generated_tokens": self.generated_tokens,
-                "generate_seconds": round(self.generate_seconds, 3),
+                "prefill_seconds": round(self.prefill_seconds, 3), "step_seconds": round(self.step_seconds, 3),
                 "batch_sizes": dict(sorted(self.batch_sizes.items()))}
 
 
@@ -171,7 +155,6 @@ class _Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     abandoned: bool = False
     """Its caller has gone (cancelled or timed out): stop its row, drop its result."""
-    row: Row | None = None
     started: float = 0.0
 
 
@@ -380,13 +363,15 @@ class BatchGenerator:
                 self._fail([job], exc, "prefilling a turn")
                 continue
             finally:
-                self.stats.generate_seconds += time.perf_counter() - started
+                self.stats.prefill_seconds += time.perf_counter() - started
+            if self.prefix_cache.max_bytes and len(head) > count:
+                self.prefix_cache.put(head, states)  # the next arrival of the same task starts from here
             self.stats.cached_prompt_tokens += count
             self.stats.computed_prompt_tokens += len(request.prompt) - count
             job.started = time.perf_counter()
-            job.row = Row(key=job, prompt=list(request.prompt), temperature=request.temperature, top_p=request.top_p,
-                          budget=request.max_new_tokens, generator=row_generator(_seed(request)))
-            arrivals.append((job.row, states))
+            row = Row(key=job, prompt=list(request.prompt), temperature=request.temperature, top_p=request.top_p,
+                      budget=request.max_new_tokens, generator=row_generator(_seed(request)))
+            arrivals.append((row, states))
         self._running.add(arrivals)
 
     def _step(self) -> None:
@@ -401,7 +386,7 @@ class BatchGenerator:
             self._fail(jobs, exc, f"a batch of {rows} turn(s)")
             return
         finally:
-            self.stats.generate_seconds += time.perf_counter() - started
+            self.stats.step_seconds += time.perf_counter() - started
         self.stats.steps += 1
         self.stats.row_steps += rows
         self.stats.batch_sizes[rows] += 1
@@ -430,7 +415,7 @@ class BatchGenerator:
             self._fail(jobs, exc, f"a batch of {len(jobs)} turn(s)")
             return
         finally:
-            self.stats.generate_seconds += time.perf_counter() - started
+            self.stats.step_seconds += time.perf_counter() - started
         self.stats.steps += 1
         self.stats.row_steps += len(jobs)
         self.stats.batch_sizes[len(jobs)] += 1

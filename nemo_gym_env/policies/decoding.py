@@ -75,8 +75,9 @@ class GrowingLayer(DynamicLayer):
 
 
 def _with_room(tensor: torch.Tensor, needed: int) -> torch.Tensor:
-    """``tensor`` (batch, heads, length, dim) copied into a buffer of twice ``needed`` positions (at least 64)."""
-    out = tensor.new_zeros((tensor.shape[0], tensor.shape[1], max(2 * needed, 64), tensor.shape[3]))
+    """``tensor`` (batch, heads, length, dim) copied into a buffer of ``needed`` positions plus as many again
+    (at most 256 more: rows join and leave often, and each time the buffers are rebuilt)."""
+    out = tensor.new_empty((tensor.shape[0], tensor.shape[1], needed + min(max(needed, 64), 256), tensor.shape[3]))
     out[:, :, : tensor.shape[2]] = tensor
     return out
 

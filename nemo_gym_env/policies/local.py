@@ -63,7 +63,7 @@ from typing import Any
 
 from nemo_gym_env.errors import NoContinuation
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
-from nemo_gym_env.policies.batching import BatchGenerator, Generation, GenerationRequest, prepare_model
+from nemo_gym_env.policies.batching import BatchGenerator, Generation, GenerationRequest
 from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 from nemo_gym_env.policies.render import ChatRenderer
@@ -75,6 +75,7 @@ __all__ = ["LocalPolicy"]
 log = logging.getLogger(__name__)
 
 _RECENT_TURNS = 4096
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class LocalPolicy(Policy):
@@ -132,6 +133,8 @@ class LocalPolicy(Policy):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         started = time.perf_counter()
@@ -143,7 +146,7 @@ class LocalPolicy(Policy):
         else:
             source, kwargs, label = model_path, {}, str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        self.model = prepare_model(AutoModelForCausalLM.from_pretrained(source, **kwargs), device, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         self.load_seconds = time.perf_counter() - started
         self.device = device
         self.max_new_tokens = max_new_tokens
