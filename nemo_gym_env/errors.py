@@ -25,7 +25,8 @@ Which side raises what:
 - policies: :class:`PolicyError`, :class:`ModelProvisionError`, :class:`NoContinuation`;
 - scale-out and trainer adapters: :class:`WorkersLost`, :class:`NemoRLFormatError`,
   :class:`RolloutFailed`;
-- the command line: :class:`UsageError`.
+- the command line: :class:`UsageError`;
+- the rollout viewer and play pages: :class:`PageRequestError` (a request their API refuses).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "LaunchError",
     "ModelProvisionError",
     "NoContinuation",
+    "PageRequestError",
     "NemoRLFormatError",
     "PolicyError",
     "RolloutFailed",
@@ -224,3 +226,12 @@ class RolloutFailed(NemoGymError, RuntimeError):
 
 class UsageError(NemoGymError):
     """A mistake in how a command was called; printed as one line, exit code 1."""
+
+
+class PageRequestError(NemoGymError):
+    """A request the viewer's or play page's API refuses: answered ``{"error": message}`` with ``status``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message

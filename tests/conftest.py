@@ -1,15 +1,34 @@
-"""Shared fixtures: bundled servers launched once per test session, scripted policies."""
+"""Shared fixtures and helpers of the whole suite.
+
+- bundled servers: :func:`scripted` players, :func:`example_rows`, :func:`play_episode` on an
+  env, and the ``launched`` fixture (the three example servers, one process each, for the
+  session);
+- the launcher's fixture servers: ``launch_specs`` (``tests/fixtures/servers/launch``) and a
+  ``launcher`` per test;
+- processes, read from ``/proc``: :func:`pid_alive`, :func:`group_members`,
+  :func:`descendants`, :func:`wait_until`, :func:`wait_gone`.
+
+Fixture servers and data live in ``tests/fixtures`` (:mod:`tests.fixtures`).
+"""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from nemo_gym_env.launch.catalog import bundled_servers
+from nemo_gym_env.server import testing
+
+if TYPE_CHECKING:
+    from nemo_gym_env.launch.config import ServerSpec
+    from nemo_gym_env.launch.launcher import Launcher
 
 EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
 BUNDLED = sorted(bundled_servers())
@@ -28,16 +47,7 @@ def example_rows(server: str) -> list[dict]:
 
 def play_episode(env, server: str, *, correct: bool = True, **reset_kwargs) -> tuple[float, bool, bool, dict]:
     """Play one scripted episode on a (single) env; returns the last (reward, terminated, truncated, info)."""
-    obs, info = env.reset(**reset_kwargs)
-    row = env.unwrapped.task
-    history: list[dict] = []
-    action = scripted(server)
-    for _ in range(50):
-        obs, reward, terminated, truncated, info = env.step(action(row, history, correct=correct))
-        history.extend(obs)
-        if terminated or truncated:
-            return reward, terminated, truncated, info
-    raise AssertionError("episode did not end in 50 turns")
+    return testing.play_episode(env, scripted(server), correct=correct, max_turns=50, **reset_kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +59,87 @@ def launched() -> Iterator[dict[str, str]]:
     with Launcher() as launcher:
         processes = launcher.start_all([bundled_spec(name) for name in EXAMPLES])
         yield {p.name: p.url for p in processes}
+
+
+@pytest.fixture(scope="session")
+def launch_specs() -> dict[str, ServerSpec]:
+    """The launcher's fixture servers (``tests/fixtures/servers/launch``), by instance name."""
+    from .fixtures import fixture_specs
+
+    return fixture_specs("launch")
+
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    """A :class:`Launcher` for one test, closed (every server stopped) after it."""
+    from nemo_gym_env.launch.launcher import Launcher
+
+    with Launcher(ready_timeout_s=30) as launcher:
+        yield launcher
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+
+def proc_state(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of a pid from /proc, or None if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[2])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has exited)."""
+    state = proc_state(pid)
+    return state is not None and state[0] not in "ZX"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) members of a process group, by scanning /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            state = proc_state(int(entry))
+            if state is not None and state[1] == pgid and state[0] not in "ZX":
+                members.append(int(entry))
+    return members
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (walking /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it is truthy or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval_s)
+
+
+def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
+    """The pids still alive after waiting up to ``timeout``."""
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout, 0.1)
+    return {p for p in pids if pid_alive(p)}

@@ -8,6 +8,7 @@ NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with n
     nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
     nemo-gym-env rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai
     nemo-gym-env list | config NAME | validate tasks.jsonl | init my_env
+    nemo-gym-env view results/rollouts.jsonl | play example_multi_step   # local web pages
 
 This module is argparse only: each command's module (:mod:`~nemo_gym_env.cli.rollouts`,
 :mod:`~nemo_gym_env.cli.serve`, :mod:`~nemo_gym_env.cli.tools`) turns the arguments into the
@@ -41,6 +42,11 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutSettings)}
 
 def _wrap(text: str) -> str:
     return textwrap.fill(text, width=100)
+
+
+def _add_listen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +128,46 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: add rows even if the file was written with other settings "
                           "(repeats, policy, sampling, a changed dataset)")
     p.set_defaults(run="nemo_gym_env.cli.rollouts:cmd_rollouts")
+
+    p = sub.add_parser(
+        "view",
+        parents=[common],
+        help="open rollout files in a local web page",
+        description=_wrap("Serve a local page over rollout JSONL files (and their _failures.jsonl sidecars): the "
+        "list (filter, sort), each rollout's conversation, tool calls and verify reply, a task's rollouts side by "
+        "side, and the summary that `rollouts` prints. Files still being written are followed. Binds 127.0.0.1."),
+        epilog=f"examples:\n  {PROG} view\n  {PROG} view results/rollouts.jsonl other/rollouts.jsonl --port 8080",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help=f"rollout files (default {_DEFAULTS['output']})")
+    _add_listen(p)
+    p.add_argument("--max-row-mb", type=float, default=16.0, metavar="MB",
+                   help="longest line read as a row (default 16); longer ones are listed as errors")
+    add_env_yaml(p)
+    p.set_defaults(run="nemo_gym_env.cli.view:cmd_view")
+
+    p = sub.add_parser(
+        "play",
+        parents=[common],
+        help="play an environment by hand in a local web page",
+        description=_wrap("Serve a local page where a person plays one episode at a time through the same "
+        "NemoGymEnv a policy uses: the task's messages, a form per tool, each output, a final answer, then the "
+        "reward and the verify reply. A finished episode can be saved as a rollout row. Binds 127.0.0.1."),
+        epilog=f"examples:\n  {PROG} play example_multi_step\n"
+        f'  {PROG} play "+config_paths=[my_env/configs/my_env.yaml]" --input my_env/data/example.jsonl\n'
+        f"  {PROG} play --server-url http://127.0.0.1:8000 --input tasks.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("targets", nargs="*", metavar="NAME|+config_paths=[...]", help="a bundled server or a config")
+    p.add_argument("--server-url", metavar="URL", help="play a running resources server (with --input)")
+    p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: a bundled server's example data)")
+    p.add_argument("--output", "-o", metavar="PATH", default="results/played.jsonl",
+                   help="where saved episodes go (default results/played.jsonl)")
+    _add_listen(p)
+    p.add_argument("--max-steps", type=int, default=64, metavar="N",
+                   help="turns before the episode is verified anyway (default 64)")
+    add_env_yaml(p)
+    p.set_defaults(run="nemo_gym_env.cli.view:cmd_play")
 
     p = sub.add_parser("list", parents=[common], help="the bundled servers, env ids and tools",
                        description="List the bundled servers: env ids, example tasks, tools.")

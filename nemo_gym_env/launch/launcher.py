@@ -50,7 +50,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -64,14 +63,14 @@ from typing import TYPE_CHECKING, Self
 from nemo_gym_env.errors import LaunchError, ServerCrashed
 from nemo_gym_env.launch.child_env import SERVER_ENV, SESSION_SECRET_ENV
 from nemo_gym_env.launch.entrypoint import child_pythonpath, resolve_entrypoint
-from nemo_gym_env.launch.logs import LogStreamer
+from nemo_gym_env.launch.logs import LogStreamer, temporary_log_dir
 from nemo_gym_env.launch.net import DEFAULT_HOST, answers_ok, http_url, is_loopback, listen_socket
 from nemo_gym_env.launch.redaction import redact_text
 
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["Launcher", "ServerProcess", "killpg", "temporary_log_dir"]
+__all__ = ["Launcher", "ServerProcess", "killpg"]
 
 logger = logging.getLogger("nemo_gym_env.launch")
 
@@ -138,45 +137,6 @@ class ServerProcess:
             return ""
         text = data.decode("utf-8", errors="replace")
         return redact_text("\n".join(text.splitlines()[-lines:]))
-
-
-# ---- log folders ----------------------------------------------------------------------------------
-
-LOG_DIR_PREFIX = "nemo_gym_env_logs_"
-
-
-def _process_tag(pid: int) -> str | None:
-    """``<pid>-<start time>`` of a live process (None when it is gone): a pid alone can be reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        return f"{pid}-{int(fields[19])}"  # field 22 of stat: the start time, in clock ticks since boot
-    except FileNotFoundError:
-        return None
-    except (OSError, IndexError, ValueError):  # no /proc here: the pid is all there is
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return f"{pid}-0"
-
-
-def temporary_log_dir() -> Path:
-    """A new temporary log folder named after this process, after removing those of dead processes.
-
-    A launcher removes its own folder when it closes; one killed with SIGKILL cannot, so the
-    next launcher on the machine does: nothing accumulates in the temporary folder.
-    """
-    root = Path(tempfile.gettempdir())
-    for folder in root.glob(f"{LOG_DIR_PREFIX}*_*"):
-        owner = folder.name[len(LOG_DIR_PREFIX):].split("_", 1)[0]
-        pid_text, _, _ = owner.partition("-")
-        if pid_text.isdigit() and _process_tag(int(pid_text)) != owner:
-            shutil.rmtree(folder, ignore_errors=True)
-    tag = _process_tag(os.getpid()) or f"{os.getpid()}-0"
-    return Path(tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{tag}_"))
 
 
 # ---- processes ----------------------------------------------------------------------------------

@@ -1,14 +1,53 @@
-"""Server logs on this process's stderr: the launcher's ``stream_logs=True``."""
+"""Server logs: the launcher's temporary log folders, and echoing logs on stderr (``stream_logs=True``)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LogStreamer"]
+__all__ = ["LOG_DIR_PREFIX", "LogStreamer", "temporary_log_dir"]
+
+LOG_DIR_PREFIX = "nemo_gym_env_logs_"
+
+
+def _process_tag(pid: int) -> str | None:
+    """``<pid>-<start time>`` of a live process (None when it is gone): a pid alone can be reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return f"{pid}-{int(fields[19])}"  # field 22 of stat: the start time, in clock ticks since boot
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):  # no /proc here: the pid is all there is
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{pid}-0"
+
+
+def temporary_log_dir() -> Path:
+    """A new temporary log folder named after this process, after removing those of dead processes.
+
+    A launcher removes its own folder when it closes; one killed with SIGKILL cannot, so the
+    next launcher on the machine does: nothing accumulates in the temporary folder.
+    """
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob(f"{LOG_DIR_PREFIX}*_*"):
+        owner = folder.name[len(LOG_DIR_PREFIX):].split("_", 1)[0]
+        pid_text, _, _ = owner.partition("-")
+        if pid_text.isdigit() and _process_tag(int(pid_text)) != owner:
+            shutil.rmtree(folder, ignore_errors=True)
+    tag = _process_tag(os.getpid()) or f"{os.getpid()}-0"
+    return Path(tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{tag}_"))
+
 
 
 class LogStreamer:

@@ -11,7 +11,8 @@ import json
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,7 +21,31 @@ from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields
 from nemo_gym_env.rollouts.identity import legacy_key, row_identity
 from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, scan_rollouts
 
-__all__ = ["Progress", "metrics_table", "summarize", "text_table", "write_metrics"]
+__all__ = ["Outcome", "Progress", "metrics_table", "outcome_of", "summarize", "summarize_outcomes", "text_table",
+           "write_metrics"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the metrics need of one rollout row: its identity and its numbers."""
+
+    server: str
+    task: str
+    """The task key, or ``"#<index>"`` for a row written without one."""
+    rollout: int
+    numbers: dict[str, float]
+
+
+def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
+    """The :class:`Outcome` of a rollout (or failure) row; None when it has no identity."""
+    identity = row_identity(row)
+    if identity is None:
+        legacy = legacy_key(row)
+        if legacy is None:
+            return None
+        identity = (legacy[0], f"#{legacy[1]}", legacy[2])
+    server, task, rollout = identity
+    return Outcome(server or "all", task, rollout, numeric_fields(row))
 
 
 def summarize(output: str | Path) -> dict[str, Any]:
@@ -33,18 +58,10 @@ def summarize(output: str | Path) -> dict[str, Any]:
     need are kept.
     """
     output = Path(output)
-    slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    finished = set()
-
-    def keep(row: dict[str, Any]) -> None:
-        identity = _identity(row)
-        finished.add(identity)
-        server, task = identity[0], identity[1]
-        slim[server].append({**numeric_fields(row), TASK_KEY_KEY: task, _TOTAL_GROUP: f"{server}/{task}"})
-
+    outcomes: list[Outcome] = []
     if output.exists():
-        scan_rollouts(output, keep)
-    failed: dict[str, set] = defaultdict(set)
+        scan_rollouts(output, lambda row: outcomes.append(outcome_of(row)))
+    failures: list[Outcome] = []
     sidecar = failures_path(output)
     if sidecar.exists():
         with open(sidecar, encoding="utf-8", errors="replace") as lines:
@@ -53,13 +70,31 @@ def summarize(output: str | Path) -> dict[str, Any]:
                     row = json.loads(line)
                 except ValueError:
                     continue  # a torn line a kill left behind: the rollout is retried by --resume
-                if isinstance(row, dict) and legacy_key(row) is not None:
-                    identity = _identity(row)
-                    if identity not in finished:
-                        failed[identity[0]].add(identity)
+                failure = outcome_of(row) if isinstance(row, dict) else None
+                if failure is not None:
+                    failures.append(failure)
+    return summarize_outcomes(str(output), outcomes, failures)
+
+
+def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Iterable[Outcome]) -> dict[str, Any]:
+    """:func:`summarize` of outcomes already read: the metrics per server and in all.
+
+    A failure counts once per identity, and only while no outcome has that identity.
+    """
+    slim: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    finished = set()
+    for outcome in outcomes:
+        finished.add((outcome.server, outcome.task, outcome.rollout))
+        slim[outcome.server].append({**outcome.numbers, TASK_KEY_KEY: outcome.task,
+                                     _TOTAL_GROUP: f"{outcome.server}/{outcome.task}"})
+    failed: dict[str, set] = defaultdict(set)
+    for failure in failures:
+        identity = (failure.server, failure.task, failure.rollout)
+        if identity not in finished:
+            failed[failure.server].add(identity)
     everything = [r for group in slim.values() for r in group]
     summary: dict[str, Any] = {
-        "output": str(output),
+        "output": output,
         "num_rollouts": len(everything),
         "num_failed": sum(len(v) for v in failed.values()),
         **aggregate_metrics(everything, group_key=_TOTAL_GROUP).model_dump(),
@@ -77,17 +112,6 @@ def summarize(output: str | Path) -> dict[str, Any]:
 
 
 _TOTAL_GROUP = "_task"  # server and task together: two servers' tasks never share a group
-
-
-def _identity(row: Mapping[str, Any]) -> tuple[str, str, int]:
-    """``(server, task, rollout index)``; the task is its key, or ``"#<index>"`` for older rows."""
-    identity = row_identity(row)
-    if identity is not None:
-        server, task, rollout = identity
-    else:
-        server, index, rollout = legacy_key(row)
-        task = f"#{index}"
-    return server or "all", task, rollout
 
 
 def write_metrics(output: str | Path) -> dict[str, Any]:

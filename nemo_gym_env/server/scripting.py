@@ -12,6 +12,8 @@ Example:
     1
     >>> assistant_message("Done.")["content"][0]["text"]
     'Done.'
+    >>> reasoning("Add them up.")["summary"][0]["text"]
+    'Add them up.'
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["CALL_ID", "assistant_message", "field", "function_call", "turn_of"]
+__all__ = ["CALL_ID", "assistant_message", "field", "function_call", "reasoning", "turn_of"]
 
 CALL_ID = re.compile(r"^call_t(\d+)_(\d+)$")
 """A scripted call id: group 1 the turn, group 2 the call's index in that turn."""
@@ -57,3 +59,8 @@ def assistant_message(text: str, item_id: str = "msg_t0") -> dict[str, Any]:
         "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
+
+
+def reasoning(text: str, item_id: str = "rs_t0") -> dict[str, Any]:
+    """A ``reasoning`` item whose one summary part holds ``text`` (as a ``<think>`` block becomes)."""
+    return {"type": "reasoning", "id": item_id, "summary": [{"type": "summary_text", "text": text}]}

@@ -1,4 +1,8 @@
-"""Helpers for the CLI tests: run ``nemo-gym-env`` as a real process, watch its descendants."""
+"""Helpers for the CLI tests: run ``nemo-gym-env`` as a real process, watch its descendants.
+
+``descendants`` and ``wait_gone`` are the suite's (:mod:`tests.conftest`), imported here for
+the tests that take them from this module.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from ..conftest import descendants, wait_gone
+
+__all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "read_jsonl",
+           "run_cli", "wait_gone"]
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "nemo_gym_env.cli"]
@@ -49,46 +58,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess) -> None:
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1, result.stderr
     assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (walking /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
-    """The pids still alive after waiting up to ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = {p for p in pids if alive(p)}
-        if not left:
-            return set()
-        time.sleep(0.1)
-    return {p for p in pids if alive(p)}
 
 
 @dataclass

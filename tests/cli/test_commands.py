@@ -97,12 +97,14 @@ def test_validate_reports_line_numbers(tmp_path):
     assert ok.returncode == 0 and "5 valid row(s), 0 invalid" in ok.stdout
     bad = tmp_path / "bad.jsonl"
     rows = good.read_text().splitlines()
-    bad.write_text("\n".join([rows[0], "{oops", '{"x": 1}', rows[1].replace('"tools"', '"toolz"')]) + "\n")
+    wrong = json.loads(rows[1])
+    wrong["responses_create_params"]["tools"] = "toolz"  # a string where a list of tools belongs
+    bad.write_text("\n".join([rows[0], "{oops", '{"x": 1}', json.dumps(wrong)]) + "\n")
     result = run_cli("validate", str(good), str(bad))
     assert result.returncode == 1
     assert f"{bad}:2: not JSON" in result.stderr
     assert f"{bad}:3: missing 'responses_create_params'" in result.stderr
-    assert f"{bad}:4: " in result.stderr and "toolz" in result.stderr
+    assert f"{bad}:4: responses_create_params.tools: " in result.stderr
     assert "1 valid row(s), 3 invalid" in result.stdout
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

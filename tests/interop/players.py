@@ -118,7 +118,7 @@ def mcqa(row: dict, history: list, *, correct: bool = True) -> list[dict]:
     return [message(0, f"Weighing the options, the best one is {answer}.\n{final}")]
 
 
-# ---- the port fixture (tests/interop/fixtures/ng_style_server) ---------------------------
+# ---- the port fixture (tests/fixtures/servers/ng_style_server) ---------------------------
 
 
 def shopping_cart(row: dict, history: list, *, correct: bool = True) -> list[dict]:

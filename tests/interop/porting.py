@@ -11,9 +11,11 @@ import re
 import shutil
 from pathlib import Path
 
+from ..fixtures import fixture_server
+
 __all__ = ["FIXTURE", "MODULE_RENAMES", "port_folder", "port_source"]
 
-FIXTURE = Path(__file__).parent / "fixtures" / "ng_style_server"
+FIXTURE = fixture_server("ng_style_server")
 """The NeMo-Gym-style server the tests port."""
 
 MODULE_RENAMES = {

@@ -1,8 +1,8 @@
 """A server written for NeMo Gym runs on our base class after renaming the modules it imports.
 
-Needs no NeMo Gym install: the fixture server (``fixtures/ng_style_server/app.py``, written in
-NeMo Gym's style) is copied, only its import lines are rewritten, and it is launched with our
-Launcher and played through our Env (docs/porting.md).
+Needs no NeMo Gym install: the fixture server (``tests/fixtures/servers/ng_style_server/app.py``,
+written in NeMo Gym's style) is copied, only its import lines are rewritten, and it is launched
+with our Launcher and played through our Env (docs/porting.md).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from nemo_gym_env.policies import Policy, PolicyRequest, PolicyTurn
 
 @pytest.fixture(scope="session")
 def openai_base_url() -> Iterator[str]:
-    """``/v1`` root of one ``tests/openai_server.py`` process for the session."""
-    from tests.openai_server import running_server
+    """``/v1`` root of one ``tests/fixtures/openai_server.py`` process for the session."""
+    from tests.fixtures.openai_server import running_server
 
     with running_server() as url:
         yield url

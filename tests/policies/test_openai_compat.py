@@ -1,4 +1,4 @@
-"""OpenAIPolicy against a real OpenAI-compatible server process on loopback (tests/openai_server.py)."""
+"""OpenAIPolicy against a real OpenAI-compatible server process on loopback (tests/fixtures/openai_server.py)."""
 
 from __future__ import annotations
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.launch.config import ServerSpec
 
-FIXTURES = Path(__file__).parent / "fixtures"
-FIXTURES_YAML = FIXTURES / "configs" / "reliability.yaml"
+from ..fixtures import fixture_specs
+
 FIGURES_ENV = "NEMO_GYM_ENV_FIGURES"
 SOAK_ENV = "NEMO_GYM_ENV_SOAK"
 
@@ -59,11 +58,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 # ---- fixture servers ------------------------------------------------------------------------------
-
-
-def fixture_specs() -> dict[str, ServerSpec]:
-    """The fixture servers of fixtures/configs/reliability.yaml, by instance name."""
-    return {s.instance_name: s for s in server_specs(load_config([FIXTURES_YAML], env_yaml=None))}
 
 
 def with_config(spec: ServerSpec, **config: Any) -> ServerSpec:
@@ -118,16 +112,6 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.05) -> Any:
-    """Poll ``predicate`` until it is truthy or ``timeout_s`` passes; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval_s)
-
-
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (nearest rank) of ``values``."""
     if not values:
@@ -148,7 +132,7 @@ def faulty_server() -> Iterator[Any]:
     from nemo_gym_env.launch.launcher import Launcher
 
     with Launcher(ready_timeout_s=60) as launcher:
-        yield launcher.start(fixture_specs()["rel_faulty"])
+        yield launcher.start(fixture_specs("reliability")["rel_faulty"])
 
 
 def counts(url: str) -> dict[str, Any]:

@@ -37,8 +37,8 @@ from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.rollouts.output import failures_path
 
 from ..cli.conftest import CLI, cli_env, descendants, read_jsonl
-from ..conftest import example_rows, scripted
-from .conftest import answer, arm, call, cmdline, counts, faulty_row, percentile, wait_until
+from ..conftest import example_rows, scripted, wait_until
+from .conftest import answer, arm, call, cmdline, counts, faulty_row, percentile
 
 SERVER = "example_multi_step"
 
@@ -359,7 +359,7 @@ def test_garbage_at_seed_or_verify_is_a_clear_error_sent_once(faulty_server, rou
     env = NemoGymEnv(base_url=url, dataset=[faulty_row()], request_timeout_s=1.5, verify_timeout_s=1.5)
     expected = {
         "garbage": "reply is not JSON",
-        "wrong_schema": "verify reply has no numeric 'reward'",
+        "wrong_schema": "unusable verify reply: no numeric 'reward'",
         "500": "HTTP 500: {\"error\": \"internal failure",
         "hang": "no answer within 1.5 s",
         "trickle": "no answer within 1.5 s",

@@ -26,12 +26,12 @@ from nemo_gym_env.rollouts.output import failures_path
 from nemo_gym_env.rollouts.report import summarize
 
 from ..cli.conftest import CLI, cli_env, descendants, wait_gone
-from ..openai_server import running_server
+from ..fixtures import fixture_config
+from ..fixtures.openai_server import running_server
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-FLAKY = REPO / "tests" / "fixtures" / "servers" / "flaky_seed" / "configs" / "flaky_seed.yaml"
+FLAKY = fixture_config("flaky_seed")
 DEADLINE_S = 240
 
 

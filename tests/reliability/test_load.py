@@ -32,7 +32,8 @@ from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.servers.example_session_state_mgmt.scripted import increments
 
 from ..conftest import example_rows
-from .conftest import fixture_specs, percentile, rss_bytes, soak, with_config
+from ..fixtures import fixture_specs
+from .conftest import percentile, rss_bytes, soak, with_config
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ class _Load:
 
 
 def _launch_load_server(launcher: Launcher, **config: Any) -> Any:
-    spec = with_config(fixture_specs()["rel_load"], payload_bytes=PAYLOAD, access_log=False, **config)
+    spec = with_config(fixture_specs("reliability")["rel_load"], payload_bytes=PAYLOAD, access_log=False, **config)
     return launcher.start(spec)
 
 

@@ -45,8 +45,9 @@ from nemo_gym_env.server import SESSION_SECRET_ENV, BaseResourcesServerConfig
 
 from ..cli.conftest import CLI, cli_env, read_jsonl, run_cli
 from ..conftest import example_rows
-from ..openai_server import running_server
-from .conftest import fixture_specs, with_config
+from ..fixtures import fixture_specs
+from ..fixtures.openai_server import running_server
+from .conftest import with_config
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_forged_and_replayed_cookies_reach_no_state(figures):
     with Launcher(ready_timeout_s=60) as first, Launcher(ready_timeout_s=60) as second:
         a = first.start(bundled_spec(COUNTER))
         b = second.start(bundled_spec(COUNTER))  # same class and instance name, another launch
-        c = first.start(fixture_specs()["rel_load"])  # another class (a subclass, even)
+        c = first.start(fixture_specs("reliability")["rel_load"])  # another class (a subclass, even)
         seed = httpx.post(f"{a.url}/seed_session", json={**row, "initial_count": 7}, timeout=10, trust_env=False)
         name, victim = _cookie(seed)
         httpx.post(f"{a.url}/increment_counter", json={"count": 5}, cookies={name: victim}, timeout=10, trust_env=False)
@@ -273,7 +274,7 @@ def test_canary_secrets_appear_in_no_output_log_reply_or_error(tmp_path, endpoin
 
 def test_a_server_config_error_does_not_quote_the_key(tmp_path, caplog):
     key = _canary("config")  # 25 characters: the fixture wants 32+, so its config is refused
-    spec = with_config(fixture_specs()["rel_secret"], api_key=key)
+    spec = with_config(fixture_specs("reliability")["rel_secret"], api_key=key)
     with Launcher(ready_timeout_s=60, log_dir=tmp_path) as launcher, pytest.raises(ServerCrashed) as crash:
         launcher.start(spec)
     message = str(crash.value)
@@ -311,7 +312,7 @@ def test_servers_bind_loopback_by_default_and_warn_loudly_elsewhere(tmp_path, ca
         assert head.host == "127.0.0.1" and _listening(head.port) == {"0100007F"}
         head.stop()
         caplog.set_level(logging.WARNING, logger="nemo_gym_env.launch")
-        exposed = launcher.start(fixture_specs()["rel_faulty"], host="0.0.0.0")
+        exposed = launcher.start(fixture_specs("reliability")["rel_faulty"], host="0.0.0.0")
         assert _listening(exposed.port) == {"00000000"}
         launcher.stop("rel_faulty")
     parent_warning = [r.getMessage() for r in caplog.records if "reachable from the network" in r.getMessage()]

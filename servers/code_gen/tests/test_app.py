@@ -19,10 +19,19 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    function_call,
+    play_episode,
+    reasoning,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.code_gen import app as app_module
 from nemo_gym_env.servers.code_gen import sandbox as sandbox_module
 from nemo_gym_env.servers.code_gen import scripted
@@ -33,9 +42,7 @@ HERE = Path(__file__).resolve().parent.parent
 
 Server = app_module.CodeGenResourcesServer
 
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 TIMEOUT_S = 2.0
 
 
@@ -64,25 +71,15 @@ def scratch_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def client(scratch_root: Path):
     config = {"timeout_s": TIMEOUT_S, "scratch_root": str(scratch_root), "max_concurrent": 2}
-    with TestClient(Server.from_config(config, name=NAME).build_app()) as c:
+    with app_client(Server, config, name=NAME) as c:
         yield c
     # Every run cleaned up after itself: no scratch directory, no process left behind.
     assert list(scratch_root.iterdir()) == []
     assert _processes_mentioning(str(scratch_root)) == []
 
 
-def message(text: str, msg_id: str = "msg_1") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": msg_id,
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
 def fenced(code: str) -> dict[str, Any]:
-    return message(f"Solution:\n```python\n{code}\n```\n")
+    return assistant_message(f"Solution:\n```python\n{code}\n```\n")
 
 
 def stdio_row(inputs: list[str], outputs: list[str]) -> dict[str, Any]:
@@ -99,13 +96,6 @@ def call_row(fn_name: str, inputs: list[str], outputs: list[str]) -> dict[str, A
 
 
 ECHO_ROW = stdio_row(["hello\n"], ["hello\n"])
-
-
-def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    response = make_response(output)
-    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 # ---- extraction and comparison (pure functions) ------------------------------------------------
@@ -304,7 +294,7 @@ def test_call_based_main_guard_does_not_run(client: TestClient) -> None:
 
 def test_stop_on_first_failure(scratch_root: Path) -> None:
     config = {"timeout_s": TIMEOUT_S, "scratch_root": str(scratch_root), "stop_on_first_failure": True}
-    with TestClient(Server.from_config(config, name=NAME).build_app()) as c:
+    with app_client(Server, config, name=NAME) as c:
         result = verify(
             c, stdio_row(["1\n", "2\n", "3\n"], ["0\n", "2\n", "3\n"]), [fenced("print(input())")]
         )
@@ -315,7 +305,7 @@ def test_stop_on_first_failure(scratch_root: Path) -> None:
 def test_verify_budget_bounds_a_slow_program(scratch_root: Path) -> None:
     config = {"timeout_s": 1, "verify_timeout_s": 1.5, "scratch_root": str(scratch_root)}
     row = stdio_row(["a\n"] * 6, ["a\n"] * 6)
-    with TestClient(Server.from_config(config, name=NAME).build_app()) as c:
+    with app_client(Server, config, name=NAME) as c:
         result = verify(c, row, [fenced("import time\ntime.sleep(100)")])
     tests = result["test_results"]
     assert [t["kind"] for t in tests] == ["timeout"] * 6
@@ -333,16 +323,10 @@ def test_verify_budget_bounds_a_slow_program(scratch_root: Path) -> None:
     "output",
     [
         [],
-        [message("")],
-        [message("I am not sure how to solve this.")],
-        [
-            {
-                "type": "reasoning",
-                "id": "rs_1",
-                "summary": [{"type": "summary_text", "text": "```python\nprint(input())\n```"}],
-            }
-        ],
-        [{"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}", "id": "fc_1"}],
+        [assistant_message("")],
+        [assistant_message("I am not sure how to solve this.")],
+        [reasoning("```python\nprint(input())\n```")],
+        [function_call(0, 0, "run", {})],
     ],
 )
 def test_no_code_is_reward_0(client: TestClient, output: list[dict[str, Any]]) -> None:
@@ -356,10 +340,13 @@ def test_no_code_is_reward_0(client: TestClient, output: list[dict[str, Any]]) -
 
 
 def test_only_the_last_assistant_message_and_last_block_count(client: TestClient) -> None:
-    first = message("```python\nprint(input())\n```", "m1")
-    last = message("```python\nprint('nope')\n```\nor better:\n```python\nprint(input())\n```", "m2")
+    first = assistant_message("```python\nprint(input())\n```", "m1")
+    last = assistant_message(
+        "```python\nprint('nope')\n```\nor better:\n```python\nprint(input())\n```", "m2"
+    )
     assert verify(client, ECHO_ROW, [first, last])["reward"] == 1.0
-    assert verify(client, ECHO_ROW, [last, message("```python\nprint('nope')\n```", "m3")])["reward"] == 0.0
+    later = assistant_message("```python\nprint('nope')\n```", "m3")
+    assert verify(client, ECHO_ROW, [last, later])["reward"] == 0.0
 
 
 def test_unicode_program_and_io(client: TestClient) -> None:
@@ -371,10 +358,10 @@ def test_unicode_program_and_io(client: TestClient) -> None:
 def test_enormous_answer_in_bounded_time(client: TestClient) -> None:
     text = "Thinking... " * 90_000 + "\n```python\nprint(input())\n```"  # ~1.1 MB
     started = time.perf_counter()
-    result = verify(client, ECHO_ROW, [message(text)])
+    result = verify(client, ECHO_ROW, [assistant_message(text)])
     assert (result["reward"], result["failure_kind"]) == (0.0, "no_code")
     assert "max_response_chars" in result["failure_reason"]
-    shorter = verify(client, ECHO_ROW, [message(text[-200_000:])])
+    shorter = verify(client, ECHO_ROW, [assistant_message(text[-200_000:])])
     assert shorter["reward"] == 1.0
     assert time.perf_counter() - started < 30
 
@@ -628,9 +615,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] and server["description"]
     app_module.CodeGenResourcesServerConfig.model_validate(server)
 
@@ -705,10 +691,8 @@ def test_gym_make_plays_every_task() -> None:
     try:
         for index in range(len(ROWS)):
             for correct in (True, False):
-                env.reset(options={"task_index": index})
-                row = env.unwrapped.task
-                _, reward, terminated, truncated, _ = env.step(
-                    scripted.scripted_action(row, [], correct=correct)
+                reward, terminated, truncated, _ = play_episode(
+                    env, scripted.scripted_action, correct=correct, max_turns=1, options={"task_index": index}
                 )
                 assert (reward, terminated, truncated) == (float(correct), True, False)
     finally:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import doctest
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import app_client, example_rows, function_call, play, server_config, verify
 from nemo_gym_env.servers.example_multi_step import app as app_module
 from nemo_gym_env.servers.example_multi_step import scripted
 
@@ -21,9 +20,7 @@ HERE = Path(__file__).resolve().parent.parent
 
 Server = app_module.ExampleMultiStepResourcesServer
 
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 JSON = {"content-type": "application/json"}
 GROUND_TRUTH = (
     "id",
@@ -36,53 +33,13 @@ GROUND_TRUTH = (
 
 @pytest.fixture
 def client():
-    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+    with app_client(Server, name=NAME) as c:
         yield c
 
 
-def call(name: str, arguments: Any, call_id: str = "call_1") -> dict[str, Any]:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "id": f"fc_{call_id}",
-    }
-
-
-def extract(values: Any, call_id: str = "call_x") -> dict[str, Any]:
-    return call("extract_synonym_values", {"synonym_values": values}, call_id)
-
-
-def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    response = make_response(output, tools=row["responses_create_params"]["tools"])
-    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
-    """Seed, play the scripted player to the end against the tool routes, verify."""
-    assert client.post("/seed_session", json=row).status_code == 200
-    history: list[dict[str, Any]] = []
-    output: list[dict[str, Any]] = []
-    for _ in range(max_turns):
-        items = scripted.scripted_action(row, history, correct=correct)
-        output.extend(items)
-        calls = [item for item in items if item["type"] == "function_call"]
-        if not calls:
-            break
-        for item in calls:
-            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
-            assert reply.status_code == 200, reply.text
-            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
-            history.append(result)
-            output.append(result)
-    else:
-        pytest.fail("the scripted player did not finish")
-    return verify(client, row, output)
+def extract(values: Any, index: int = 0) -> dict[str, Any]:
+    """A ``function_call`` of ``extract_synonym_values`` with ``values`` (call ``index`` of turn 0)."""
+    return function_call(0, index, "extract_synonym_values", {"synonym_values": values})
 
 
 # ---- tools and routes -------------------------------------------------------------------
@@ -140,7 +97,7 @@ def test_non_json_body_is_4xx(client: TestClient, route: str) -> None:
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
     row = ROWS[index]
-    result = play(client, row, correct=True)
+    result = play(client, row, scripted.scripted_action, correct=True)
     assert result["reward"] == 1.0
     assert result["accuracy"] is True
     assert result["parsed_synonym_values"] == row["expected_synonym_values"]
@@ -151,7 +108,7 @@ def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
-    result = play(client, ROWS[index], correct=False)
+    result = play(client, ROWS[index], scripted.scripted_action, correct=False)
     assert result["reward"] == 0.0
     assert result["accuracy"] is False
 
@@ -159,20 +116,20 @@ def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
 def test_last_extract_call_is_the_answer(client: TestClient) -> None:
     row = ROWS[0]
     expected = row["expected_synonym_values"]
-    assert verify(client, row, [extract([1, 2], "c1"), extract(expected, "c2")])["reward"] == 1.0
-    result = verify(client, row, [extract(expected, "c1"), extract([1, 2], "c2")])
+    assert verify(client, row, [extract([1, 2], 0), extract(expected, 1)])["reward"] == 1.0
+    result = verify(client, row, [extract(expected, 0), extract([1, 2], 1)])
     assert result["reward"] == 0.0 and result["parsed_synonym_values"] == [1, 2]
 
 
 @pytest.mark.parametrize(
     "item",
     [
-        call("extract_synonym_values", "{not json"),
-        call("extract_synonym_values", {"values": [1]}),
-        call("extract_synonym_values", [1, 2]),
-        call("extract_synonym_values", {"synonym_values": "801"}),
-        call("extract_synonym_values", {"synonym_values": [True, False]}),
-        call("get_synonym_value", {"synonym": "Famished"}),
+        function_call(0, 0, "extract_synonym_values", "{not json"),
+        function_call(0, 0, "extract_synonym_values", {"values": [1]}),
+        function_call(0, 0, "extract_synonym_values", [1, 2]),
+        function_call(0, 0, "extract_synonym_values", {"synonym_values": "801"}),
+        function_call(0, 0, "extract_synonym_values", {"synonym_values": [True, False]}),
+        function_call(0, 0, "get_synonym_value", {"synonym": "Famished"}),
     ],
 )
 def test_malformed_or_missing_answer_is_empty(client: TestClient, item: dict[str, Any]) -> None:
@@ -255,9 +212,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
 
 

@@ -10,10 +10,17 @@ from typing import Any
 
 import itsdangerous
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    play,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.example_session_state_mgmt import app as app_module
 from nemo_gym_env.servers.example_session_state_mgmt import scripted
 
@@ -23,11 +30,11 @@ HERE = Path(__file__).resolve().parent.parent
 
 Server = app_module.StatefulCounterResourcesServer
 
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 JSON = {"content-type": "application/json"}
 ROW = ROWS[0]
+DONE = [assistant_message("Done.")]
+"""A final turn that says nothing: the reward is the session's counter alone."""
 
 
 @pytest.fixture
@@ -41,50 +48,9 @@ def app(server):
 
 
 @pytest.fixture
-def client(app):
-    with TestClient(app) as c:
+def client(server):
+    with app_client(server) as c:
         yield c
-
-
-def message(text: str = "Done.") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": "msg_1",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def verify(
-    client: TestClient, row: dict[str, Any], output: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    response = make_response(output or [message()], tools=row["responses_create_params"]["tools"])
-    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
-    """Seed, play the scripted player to the end against the tool routes, verify."""
-    assert client.post("/seed_session", json=row).status_code == 200
-    history: list[dict[str, Any]] = []
-    output: list[dict[str, Any]] = []
-    for _ in range(max_turns):
-        items = scripted.scripted_action(row, history, correct=correct)
-        output.extend(items)
-        calls = [item for item in items if item["type"] == "function_call"]
-        if not calls:
-            break
-        for item in calls:
-            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
-            assert reply.status_code == 200, reply.text
-            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
-            history.append(result)
-            output.append(result)
-    else:
-        pytest.fail("the scripted player did not finish")
-    return verify(client, row, output)
 
 
 def count(client: TestClient) -> int:
@@ -154,20 +120,20 @@ def test_non_json_body_is_4xx(client: TestClient, route: str) -> None:
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
-    result = play(client, ROWS[index], correct=True)
+    result = play(client, ROWS[index], scripted.scripted_action, correct=True)
     assert result["reward"] == 1.0
     assert "failure_reason" not in result
 
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
-    result = play(client, ROWS[index], correct=False)
+    result = play(client, ROWS[index], scripted.scripted_action, correct=False)
     assert result["reward"] == 0.0
     assert "failure_reason" not in result
 
 
 def test_scripted_final_message_reports_the_count(client: TestClient) -> None:
-    result = play(client, ROWS[2], correct=True)
+    result = play(client, ROWS[2], scripted.scripted_action, correct=True)
     assert (
         result["response"]["output"][-1]["content"][0]["text"]
         == f"The counter now reads {ROWS[2]['expected_count']}."
@@ -177,10 +143,10 @@ def test_scripted_final_message_reports_the_count(client: TestClient) -> None:
 def test_verify_without_cookie_gets_0_with_reason(app) -> None:
     with TestClient(app) as seeded, TestClient(app) as stranger:
         seeded.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
-        result = verify(stranger, ROW)
+        result = verify(stranger, ROW, DONE)
         assert result["reward"] == 0.0
         assert result["failure_reason"] == app_module.NO_SESSION_REASON
-        assert verify(seeded, ROW)["reward"] == 1.0
+        assert verify(seeded, ROW, DONE)["reward"] == 1.0
 
 
 def test_two_clients_do_not_share_counters(app) -> None:
@@ -190,8 +156,8 @@ def test_two_clients_do_not_share_counters(app) -> None:
         a.post("/increment_counter", json={"count": 1})
         b.post("/increment_counter", json={"count": 5})
         assert (count(a), count(b)) == (11, 105)
-        assert verify(a, {**ROW, "expected_count": 11})["reward"] == 1.0
-        assert verify(b, {**ROW, "expected_count": 105})["reward"] == 1.0
+        assert verify(a, {**ROW, "expected_count": 11}, DONE)["reward"] == 1.0
+        assert verify(b, {**ROW, "expected_count": 105}, DONE)["reward"] == 1.0
 
 
 def _forge(session_id: str, secret: str) -> str:
@@ -210,7 +176,7 @@ def _post_lost(client: TestClient, route: str, body: dict[str, Any]) -> None:
 @pytest.mark.parametrize("secret", ["StatefulCounterResourcesServer", "guessed-secret", ""])
 def test_forged_cookie_reaches_no_state(server, app, secret: str) -> None:
     cookie_name = server.session_cookie_name()
-    verify_body = {**ROW, "response": make_response([message()]).model_dump(mode="json")}
+    verify_body = {**ROW, "response": make_response(DONE).model_dump(mode="json")}
     with TestClient(app) as victim, TestClient(app) as attacker:
         victim.post("/seed_session", json={**ROW, "initial_count": ROW["expected_count"]})
         [victim_id] = list(server.sessions)
@@ -222,7 +188,7 @@ def test_forged_cookie_reaches_no_state(server, app, secret: str) -> None:
         # /seed_session starts over whatever cookie comes with it.
         assert attacker.post("/seed_session", json=ROW).status_code == 200
         assert count(attacker) == ROW["initial_count"]
-        assert verify(victim, ROW)["reward"] == 1.0
+        assert verify(victim, ROW, DONE)["reward"] == 1.0
 
 
 def test_tampered_cookie_reaches_no_state(server, app) -> None:
@@ -233,16 +199,16 @@ def test_tampered_cookie_reaches_no_state(server, app) -> None:
         assert genuine
         attacker.cookies.clear()
         attacker.cookies.set(cookie_name, genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB"))
-        _post_lost(attacker, "/verify", {**ROW, "response": make_response([message()]).model_dump(mode="json")})
-        assert verify(victim, ROW)["reward"] == 1.0
+        _post_lost(attacker, "/verify", {**ROW, "response": make_response(DONE).model_dump(mode="json")})
+        assert verify(victim, ROW, DONE)["reward"] == 1.0
 
 
 def test_state_is_freed_after_verify(server, client: TestClient) -> None:
     client.post("/seed_session", json=ROW)
     assert len(server.sessions) == 1
-    verify(client, ROW)
+    verify(client, ROW, DONE)
     assert len(server.sessions) == 0
-    again = verify(client, ROW)
+    again = verify(client, ROW, DONE)
     assert again["reward"] == 0.0 and again["failure_reason"] == app_module.NO_SESSION_REASON
 
 
@@ -256,7 +222,7 @@ def test_seeding_again_restarts_the_counter(client: TestClient) -> None:
 def test_verify_echoes_ground_truth(client: TestClient) -> None:
     row = ROWS[3]
     client.post("/seed_session", json=row)
-    result = verify(client, {**row, "note": "kept"})
+    result = verify(client, {**row, "note": "kept"}, DONE)
     assert result["initial_count"] == row["initial_count"]
     assert result["expected_count"] == row["expected_count"]
     assert result["note"] == "kept"
@@ -284,9 +250,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
 
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import doctest
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
-from nemo_gym_env.protocol.types import BaseRunRequest, make_response
+from nemo_gym_env.protocol.types import BaseRunRequest
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    function_call,
+    play,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.example_single_tool_call import app as app_module
 from nemo_gym_env.servers.example_single_tool_call import scripted
 
@@ -21,66 +28,14 @@ HERE = Path(__file__).resolve().parent.parent
 
 Server = app_module.SimpleWeatherResourcesServer
 
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture
 def client():
-    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+    with app_client(Server, name=NAME) as c:
         yield c
-
-
-def call(name: str, arguments: Any, call_id: str = "call_1") -> dict[str, Any]:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "id": f"fc_{call_id}",
-    }
-
-
-def message(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": "msg_1",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    response = make_response(output, tools=row["responses_create_params"]["tools"])
-    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def play(client: TestClient, row: dict[str, Any], *, correct: bool, max_turns: int = 10) -> dict[str, Any]:
-    """Seed, play the scripted player to the end against the tool routes, verify."""
-    assert client.post("/seed_session", json=row).status_code == 200
-    history: list[dict[str, Any]] = []
-    output: list[dict[str, Any]] = []
-    for _ in range(max_turns):
-        items = scripted.scripted_action(row, history, correct=correct)
-        output.extend(items)
-        calls = [item for item in items if item["type"] == "function_call"]
-        if not calls:
-            break
-        for item in calls:
-            reply = client.post(f"/{item['name']}", content=item["arguments"], headers=JSON)
-            result = {"type": "function_call_output", "call_id": item["call_id"], "output": reply.text}
-            history.append(result)
-            output.append(result)
-    else:
-        pytest.fail("the scripted player did not finish")
-    return verify(client, row, output)
 
 
 # ---- tools and routes -------------------------------------------------------------------
@@ -118,14 +73,14 @@ def test_non_json_body_is_4xx(client: TestClient) -> None:
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_correct_play_gets_1(client: TestClient, index: int) -> None:
-    result = play(client, ROWS[index], correct=True)
+    result = play(client, ROWS[index], scripted.scripted_action, correct=True)
     assert result["reward"] == 1.0
     assert result["num_tool_calls"] == 1
 
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
-    result = play(client, ROWS[index], correct=False)
+    result = play(client, ROWS[index], scripted.scripted_action, correct=False)
     assert result["reward"] == 0.0
     assert result["num_tool_calls"] == 0
 
@@ -134,15 +89,26 @@ def test_scripted_wrong_play_gets_0(client: TestClient, index: int) -> None:
     ("output", "reward", "num_tool_calls"),
     [
         ([], 0.0, 0),
-        ([message("It is probably cold.")], 0.0, 0),
-        ([call("get_weather", "{not json")], 0.0, 1),
-        ([call("get_weather", {"city": ""})], 0.0, 1),
-        ([call("get_weather", {"city": "   "})], 0.0, 1),
-        ([call("get_weather", {"city": 3})], 0.0, 1),
-        ([call("get_weather", ["Quito"])], 0.0, 1),
-        ([call("get_time", {"city": "Quito"})], 0.0, 1),
-        ([call("get_time", {"city": "Quito"}), call("get_weather", {"city": "Quito"}, "call_2")], 1.0, 2),
-        ([call("get_weather", {"city": "Quito"}), message("Cold in Quito.")], 1.0, 1),
+        ([assistant_message("It is probably cold.")], 0.0, 0),
+        ([function_call(0, 0, "get_weather", "{not json")], 0.0, 1),
+        ([function_call(0, 0, "get_weather", {"city": ""})], 0.0, 1),
+        ([function_call(0, 0, "get_weather", {"city": "   "})], 0.0, 1),
+        ([function_call(0, 0, "get_weather", {"city": 3})], 0.0, 1),
+        ([function_call(0, 0, "get_weather", ["Quito"])], 0.0, 1),
+        ([function_call(0, 0, "get_time", {"city": "Quito"})], 0.0, 1),
+        (
+            [
+                function_call(0, 0, "get_time", {"city": "Quito"}),
+                function_call(0, 1, "get_weather", {"city": "Quito"}),
+            ],
+            1.0,
+            2,
+        ),
+        (
+            [function_call(0, 0, "get_weather", {"city": "Quito"}), assistant_message("Cold in Quito.")],
+            1.0,
+            1,
+        ),
     ],
 )
 def test_verify_rule(client: TestClient, output: list, reward: float, num_tool_calls: int) -> None:
@@ -154,7 +120,7 @@ def test_verify_rule(client: TestClient, output: list, reward: float, num_tool_c
 
 def test_verify_echoes_the_row(client: TestClient) -> None:
     row = {**ROWS[1], "extra_ground_truth": {"note": "kept"}}
-    result = verify(client, row, [call("get_weather", {"city": "Lisbon"})])
+    result = verify(client, row, [function_call(0, 0, "get_weather", {"city": "Lisbon"})])
     assert result["extra_ground_truth"] == {"note": "kept"}
     assert (
         result["responses_create_params"]["input"][1]["content"]
@@ -164,9 +130,8 @@ def test_verify_echoes_the_row(client: TestClient) -> None:
 
 
 def test_verify_of_a_row_that_already_has_a_reward(client: TestClient) -> None:
-    result = verify(
-        client, {**ROWS[0], "reward": 0.5, "num_tool_calls": 9}, [call("get_weather", {"city": "X"})]
-    )
+    row = {**ROWS[0], "reward": 0.5, "num_tool_calls": 9}
+    result = verify(client, row, [function_call(0, 0, "get_weather", {"city": "X"})])
     assert (result["reward"], result["num_tool_calls"]) == (1.0, 1)
 
 
@@ -191,9 +156,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
 
 

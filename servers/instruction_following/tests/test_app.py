@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import doctest
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    function_call,
+    play_episode,
+    reasoning,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.instruction_following import app as app_module
 from nemo_gym_env.servers.instruction_following import instructions, scripted
 
@@ -25,9 +33,7 @@ HERE = Path(__file__).resolve().parent.parent
 
 Server = app_module.InstructionFollowingResourcesServer
 
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 
 # Sample kwargs per instruction id: every registered id must have an entry.
 SAMPLE_KWARGS: dict[str, dict[str, Any]] = {
@@ -64,18 +70,8 @@ SAMPLE_KWARGS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 def client():
-    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+    with app_client(Server, name=NAME) as c:
         yield c
-
-
-def message(text: str, msg_id: str = "msg_1") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": msg_id,
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
 
 
 def row_with(ids: list[str], kwargs: list[Any], **extra: Any) -> dict[str, Any]:
@@ -85,13 +81,6 @@ def row_with(ids: list[str], kwargs: list[Any], **extra: Any) -> dict[str, Any]:
         "kwargs": kwargs,
         **extra,
     }
-
-
-def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    response = make_response(output)
-    reply = client.post("/verify", json={**row, "response": response.model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def followed(instruction_id: str, kwargs: dict[str, Any] | None, text: str) -> bool:
@@ -362,13 +351,13 @@ def test_fraction_mode_from_config_and_row_override() -> None:
     row = row_with(
         ["punctuation:no_comma", "detectable_format:title", "startend:quotation"], [None, None, None]
     )
-    output = [message("<<t>> no commas here")]
-    with TestClient(Server.from_config({"grading_mode": "fraction"}, name=NAME).build_app()) as c:
+    output = [assistant_message("<<t>> no commas here")]
+    with app_client(Server, {"grading_mode": "fraction"}, name=NAME) as c:
         result = verify(c, row, output)
         assert result["reward"] == pytest.approx(2 / 3) and result["grading_mode"] == "fraction"
         assert result["follow_instruction_list"] == [True, True, False]
         assert verify(c, {**row, "grading_mode": "binary"}, output)["reward"] == 0.0
-    with TestClient(Server.from_config({}, name=NAME).build_app()) as c:
+    with app_client(Server, name=NAME) as c:
         assert verify(c, row, output)["reward"] == 0.0
         result = verify(c, {**row, "grading_mode": "fraction"}, output)
         assert result["reward"] == pytest.approx(2 / 3) and result["follow_all_instructions"] is False
@@ -376,7 +365,7 @@ def test_fraction_mode_from_config_and_row_override() -> None:
 
 def test_instruction_results_carry_details(client: TestClient) -> None:
     row = row_with(["length_constraints:number_words"], [{"relation": "less than", "num_words": 3}])
-    result = verify(client, row, [message("one two three four")])
+    result = verify(client, row, [assistant_message("one two three four")])
     assert result["instruction_results"] == [
         {"id": "length_constraints:number_words", "followed": False, "detail": "4 words; needs less than 3"}
     ]
@@ -384,7 +373,7 @@ def test_instruction_results_carry_details(client: TestClient) -> None:
 
 def test_unknown_instruction_is_reward_0_with_reason_not_500(client: TestClient) -> None:
     row = row_with(["punctuation:no_comma", "language:response_language"], [None, {"language": "fr"}])
-    result = verify(client, row, [message("no commas")])
+    result = verify(client, row, [assistant_message("no commas")])
     assert result["reward"] == 0.0
     assert result["failure_kind"] == "invalid_instruction"
     assert "language:response_language" in result["failure_reason"]
@@ -394,7 +383,7 @@ def test_unknown_instruction_is_reward_0_with_reason_not_500(client: TestClient)
 
 def test_bad_kwargs_are_reward_0_with_reason(client: TestClient) -> None:
     row = row_with(["length_constraints:number_words"], [{"relation": "about", "num_words": 3}])
-    result = verify(client, row, [message("one two")])
+    result = verify(client, row, [assistant_message("one two")])
     assert (result["reward"], result["failure_kind"]) == (0.0, "invalid_instruction")
     assert (
         "length_constraints:number_words" in result["failure_reason"]
@@ -406,16 +395,10 @@ def test_bad_kwargs_are_reward_0_with_reason(client: TestClient) -> None:
     "output",
     [
         [],
-        [message("")],
-        [message("   \n")],
-        [
-            {
-                "type": "reasoning",
-                "id": "rs_1",
-                "summary": [{"type": "summary_text", "text": "no commas here"}],
-            }
-        ],
-        [{"type": "function_call", "call_id": "c1", "name": "x", "arguments": "{}", "id": "fc_1"}],
+        [assistant_message("")],
+        [assistant_message("   \n")],
+        [reasoning("no commas here")],
+        [function_call(0, 0, "x", {})],
     ],
 )
 def test_no_answer_is_reward_0(client: TestClient, output: list[dict[str, Any]]) -> None:
@@ -427,14 +410,15 @@ def test_no_answer_is_reward_0(client: TestClient, output: list[dict[str, Any]])
 
 def test_only_the_last_assistant_message_counts(client: TestClient) -> None:
     row = row_with(["punctuation:no_comma"], [None])
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "a, b"}]}
-    assert verify(client, row, [message("a, b", "m1"), message("ab", "m2"), reasoning])["reward"] == 1.0
-    assert verify(client, row, [message("ab", "m1"), message("a, b", "m2")])["reward"] == 0.0
+    with_comma, without = assistant_message("a, b", "m1"), assistant_message("ab", "m2")
+    assert verify(client, row, [with_comma, without, reasoning("a, b")])["reward"] == 1.0
+    without, with_comma = assistant_message("ab", "m1"), assistant_message("a, b", "m2")
+    assert verify(client, row, [without, with_comma])["reward"] == 0.0
 
 
 def test_message_parts_are_joined(client: TestClient) -> None:
     row = row_with(["startend:quotation"], [None])
-    item = message('"first')
+    item = assistant_message('"first')
     item["content"].append({"type": "output_text", "text": ' second"', "annotations": []})
     assert verify(client, row, [item])["reward"] == 1.0
 
@@ -442,7 +426,7 @@ def test_message_parts_are_joined(client: TestClient) -> None:
 def test_enormous_answer_is_refused_in_bounded_time(client: TestClient) -> None:
     row = row_with(["length_constraints:number_words"], [{"relation": "at least", "num_words": 1}])
     started = time.perf_counter()
-    result = verify(client, row, [message("word " * 2_000_000)])  # 10 MB
+    result = verify(client, row, [assistant_message("word " * 2_000_000)])  # 10 MB
     assert time.perf_counter() - started < 30.0
     assert (result["reward"], result["failure_kind"]) == (0.0, "response_too_long")
     assert "max_response_chars=200000" in result["failure_reason"]
@@ -450,14 +434,14 @@ def test_enormous_answer_is_refused_in_bounded_time(client: TestClient) -> None:
 
 def test_max_response_chars_is_configurable() -> None:
     row = row_with(["punctuation:no_comma"], [None])
-    with TestClient(Server.from_config({"max_response_chars": 10}, name=NAME).build_app()) as c:
-        assert verify(c, row, [message("short")])["reward"] == 1.0
-        assert verify(c, row, [message("longer than ten")])["failure_kind"] == "response_too_long"
+    with app_client(Server, {"max_response_chars": 10}, name=NAME) as c:
+        assert verify(c, row, [assistant_message("short")])["reward"] == 1.0
+        assert verify(c, row, [assistant_message("longer than ten")])["failure_kind"] == "response_too_long"
 
 
 def test_unicode_answer(client: TestClient) -> None:
     row = row_with(["keywords:existence", "punctuation:no_comma"], [{"keywords": ["東京"]}, None])
-    assert verify(client, row, [message("私は 東京 が好きです。😀")])["reward"] == 1.0
+    assert verify(client, row, [assistant_message("私は 東京 が好きです。😀")])["reward"] == 1.0
 
 
 @pytest.mark.parametrize(
@@ -475,7 +459,7 @@ def test_unicode_answer(client: TestClient) -> None:
 def test_malformed_row_is_422(client: TestClient, change: dict[str, Any], field: str) -> None:
     row = {**row_with(["punctuation:no_comma", "detectable_format:title"], [None, {}]), **change}
     reply = client.post(
-        "/verify", json={**row, "response": make_response([message("x")]).model_dump(mode="json")}
+        "/verify", json={**row, "response": make_response([assistant_message("x")]).model_dump(mode="json")}
     )
     assert reply.status_code == 422
     assert field in reply.text and "/verify" in reply.json()["error"]
@@ -484,7 +468,7 @@ def test_malformed_row_is_422(client: TestClient, change: dict[str, Any], field:
 def test_missing_fields_are_422(client: TestClient) -> None:
     row = {k: v for k, v in ROWS[0].items() if k != "kwargs"}
     reply = client.post(
-        "/verify", json={**row, "response": make_response([message("x")]).model_dump(mode="json")}
+        "/verify", json={**row, "response": make_response([assistant_message("x")]).model_dump(mode="json")}
     )
     assert reply.status_code == 422 and "kwargs" in reply.json()["error"]
 
@@ -516,9 +500,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] and server["description"]
     app_module.InstructionFollowingResourcesServerConfig.model_validate(server)
 
@@ -567,10 +550,8 @@ def test_gym_make_plays_every_task() -> None:
     try:
         for index in range(len(ROWS)):
             for correct in (True, False):
-                env.reset(options={"task_index": index})
-                row = env.unwrapped.task
-                _, reward, terminated, truncated, _ = env.step(
-                    scripted.scripted_action(row, [], correct=correct)
+                reward, terminated, truncated, _ = play_episode(
+                    env, scripted.scripted_action, correct=correct, max_turns=1, options={"task_index": index}
                 )
                 assert (reward, terminated, truncated) == (float(correct), True, False)
     finally:

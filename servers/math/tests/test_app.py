@@ -16,25 +16,28 @@ from typing import Any
 
 import pytest
 import uvicorn
-import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 pytest.importorskip("math_verify", reason="the math server needs the math extra: pip install -e '.[math]'")
 
-from nemo_gym_env.errors import TaskTimeout
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.testing import times_slower_than_plain
-from nemo_gym_env.server.workers import ProcessPoolRunner
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    reasoning,
+    server_config,
+    times_slower_than_plain,
+    verify,
+)
 from nemo_gym_env.servers.math import answer, equivalence, judge, scripted
 from nemo_gym_env.servers.math.app import MathResourcesServer
 
 NAME = "math"
 HERE = Path(__file__).resolve().parent.parent
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 SLOW_ANSWER = "9^{9^{9}}"  # SymPy tries to compute 9**387420489 and never finishes
 JUDGE_KEY = "sk-judge-test-key-0123456789abcdef"
 
@@ -46,30 +49,10 @@ def row_with(expected: str, question: str | None = None) -> dict[str, Any]:
     return row
 
 
-def message(text: str, msg_id: str = "msg_1") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": msg_id,
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def reasoning(text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": text}]}
-
-
-def verify_reply(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    reply = client.post("/verify", json={**row, "response": make_response(output).model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     server = MathResourcesServer.from_config({"verify_workers": 2}, name=NAME)
-    with TestClient(server.build_app()) as c:
+    with app_client(server) as c:
         yield c
 
 
@@ -120,7 +103,11 @@ def test_extraction_is_linear_on_adversarial_text() -> None:
 
 
 def test_last_assistant_text_ignores_reasoning_and_caps() -> None:
-    output = [message("early \\boxed{1}", "m1"), reasoning("\\boxed{2}"), message("x" * 50 + "tail", "m2")]
+    output = [
+        assistant_message("early \\boxed{1}", "m1"),
+        reasoning("\\boxed{2}"),
+        assistant_message("x" * 50 + "tail", "m2"),
+    ]
     assert answer.last_assistant_text(output, 10) == ("xxxxxxtail", True)
     assert answer.last_assistant_text(output, 1000)[0].endswith("tail")
     assert answer.last_assistant_text([reasoning("\\boxed{2}")], 1000) == (None, False)
@@ -159,56 +146,13 @@ def test_equivalence_stops_itself_at_its_time_limit() -> None:
     assert time.monotonic() - started < 5
 
 
-# ---- the worker pool ---------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_pool_replaces_a_hung_worker() -> None:
-    import asyncio
-
-    async def scenario() -> None:
-        runner = ProcessPoolRunner(1)
-        try:
-            assert await runner.run(pow, 2, 10, timeout_s=60) == 1024
-            started = time.monotonic()
-            with pytest.raises(TaskTimeout):
-                await runner.run(time.sleep, 60, timeout_s=0.5)
-            assert time.monotonic() - started < 5
-            # The only worker was stuck; the next task runs on a fresh pool at once.
-            assert await runner.run(pow, 3, 3, timeout_s=60) == 27
-            assert runner.pools_started == 2
-        finally:
-            await runner.aclose()
-
-    asyncio.run(scenario())
-
-
-@pytest.mark.slow
-def test_pool_retries_tasks_caught_in_a_replaced_pool() -> None:
-    import asyncio
-
-    async def scenario() -> None:
-        runner = ProcessPoolRunner(2)
-        try:
-            await runner.start()
-            hung = asyncio.ensure_future(runner.run(time.sleep, 60, timeout_s=1.0))
-            innocent = asyncio.ensure_future(runner.run(time.sleep, 1.5, timeout_s=30))
-            with pytest.raises(TaskTimeout):
-                await hung
-            assert await innocent is None  # killed with the pool, then run again on the new one
-        finally:
-            await runner.aclose()
-
-    asyncio.run(scenario())
-
-
 # ---- /verify ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_correct_answer_gets_1(client: TestClient, index: int) -> None:
     row = ROWS[index]
-    result = verify_reply(client, row, scripted.scripted_action(row, [], correct=True))
+    result = verify(client, row, scripted.scripted_action(row, [], correct=True))
     assert result["reward"] == 1.0 and result["library_reward"] == 1.0
     assert result["extracted_answer"] == row["expected_answer"]
     assert result["judge_reward"] is None and result["answer_truncated"] is False
@@ -218,7 +162,7 @@ def test_scripted_correct_answer_gets_1(client: TestClient, index: int) -> None:
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_wrong_answer_gets_0(client: TestClient, index: int) -> None:
     row = ROWS[index]
-    result = verify_reply(client, row, scripted.scripted_action(row, [], correct=False))
+    result = verify(client, row, scripted.scripted_action(row, [], correct=False))
     assert result["reward"] == 0.0 and result["library_reward"] == 0.0
     assert result["extracted_answer"] == scripted.wrong_answer(row["expected_answer"])
     assert "failure_reason" not in result
@@ -234,13 +178,13 @@ def test_scripted_wrong_answer_gets_0(client: TestClient, index: int) -> None:
     ],
 )
 def test_symbolic_not_string_comparison(client: TestClient, expected: str, text: str) -> None:
-    assert verify_reply(client, row_with(expected), [message(text)])["reward"] == 1.0
+    assert verify(client, row_with(expected), [assistant_message(text)])["reward"] == 1.0
 
 
 def test_last_box_wins(client: TestClient) -> None:
     row = row_with("720")
-    assert verify_reply(client, row, [message(r"maybe \boxed{360}, no: \boxed{720}")])["reward"] == 1.0
-    result = verify_reply(client, row, [message(r"\boxed{720}? No, \boxed{360}.")])
+    assert verify(client, row, [assistant_message(r"maybe \boxed{360}, no: \boxed{720}")])["reward"] == 1.0
+    result = verify(client, row, [assistant_message(r"\boxed{720}? No, \boxed{360}.")])
     assert (result["reward"], result["extracted_answer"]) == (0.0, "360")
 
 
@@ -248,8 +192,8 @@ def test_last_box_wins(client: TestClient) -> None:
     "output",
     [
         [],
-        [message("")],
-        [message("The sum of the angles is seven hundred and twenty.")],
+        [assistant_message("")],
+        [assistant_message("The sum of the angles is seven hundred and twenty.")],
         [
             {
                 "type": "message",
@@ -263,21 +207,21 @@ def test_last_box_wins(client: TestClient) -> None:
     ids=["empty-output", "empty-text", "no-answer", "refusal-only"],
 )
 def test_no_answer_gets_0_without_failure(client: TestClient, output: list[dict[str, Any]]) -> None:
-    result = verify_reply(client, row_with("720"), output)
+    result = verify(client, row_with("720"), output)
     assert (result["reward"], result["extracted_answer"], result["library_reward"]) == (0.0, None, 0.0)
     assert "failure_reason" not in result
 
 
 def test_answer_only_in_reasoning_gets_0(client: TestClient) -> None:
-    result = verify_reply(client, row_with("720"), [reasoning(r"so \boxed{720}"), message("See above.")])
+    result = verify(client, row_with("720"), [reasoning(r"so \boxed{720}"), assistant_message("See above.")])
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
-    result = verify_reply(client, row_with("720"), [reasoning(r"\boxed{720}")])
+    result = verify(client, row_with("720"), [reasoning(r"\boxed{720}")])
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
 def test_only_the_last_assistant_message_counts(client: TestClient) -> None:
-    output = [message(r"\boxed{720}", "m1"), message("On reflection I am unsure.", "m2")]
-    assert verify_reply(client, row_with("720"), output)["reward"] == 0.0
+    output = [assistant_message(r"\boxed{720}", "m1"), assistant_message("On reflection I am unsure.", "m2")]
+    assert verify(client, row_with("720"), output)["reward"] == 0.0
 
 
 def test_no_assistant_message_at_all(client: TestClient) -> None:
@@ -286,23 +230,23 @@ def test_no_assistant_message_at_all(client: TestClient) -> None:
         {"type": "function_call", "call_id": "c", "name": "calc", "arguments": "{}", "id": "fc_1"},
         {"type": "function_call_output", "call_id": "c", "output": r"\boxed{720}"},
     ]
-    result = verify_reply(client, row_with("720"), output)
+    result = verify(client, row_with("720"), output)
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
 def test_unicode_around_the_answer(client: TestClient) -> None:
     text = "答案是 🎉 — d'après le calcul, $\\boxed{\\frac{\\pi}{2}}$ ✅"
-    assert verify_reply(client, row_with("π/2"), [message(text)])["reward"] == 1.0
-    assert verify_reply(client, row_with("-3"), [message("結果: \\boxed{−3}")])["reward"] == 1.0
+    assert verify(client, row_with("π/2"), [assistant_message(text)])["reward"] == 1.0
+    assert verify(client, row_with("-3"), [assistant_message("結果: \\boxed{−3}")])["reward"] == 1.0
 
 
 @pytest.mark.slow
 def test_enormous_output_is_bounded(client: TestClient) -> None:
     padding = "Let me think about this once more. " * 150_000  # ~5 MB
     started = time.monotonic()
-    tail = verify_reply(client, row_with("720"), [message(padding + r"So \boxed{720}.")])
-    head = verify_reply(client, row_with("720"), [message(r"\boxed{720} " + padding)])
-    braces = verify_reply(client, row_with("720"), [message("\\boxed{" + "{" * 5_000_000)])
+    tail = verify(client, row_with("720"), [assistant_message(padding + r"So \boxed{720}.")])
+    head = verify(client, row_with("720"), [assistant_message(r"\boxed{720} " + padding)])
+    braces = verify(client, row_with("720"), [assistant_message("\\boxed{" + "{" * 5_000_000)])
     assert time.monotonic() - started < 60
     assert (tail["reward"], tail["answer_truncated"]) == (1.0, True)
     assert (head["reward"], head["extracted_answer"], head["answer_truncated"]) == (0.0, None, True)
@@ -311,7 +255,7 @@ def test_enormous_output_is_bounded(client: TestClient) -> None:
 
 def test_verify_echoes_the_row_and_replaces_stale_metrics(client: TestClient) -> None:
     row = {**ROWS[2], "uuid": "u-1", "reward": 0.0, "failure_reason": "old", "extracted_answer": "x"}
-    result = verify_reply(client, row, scripted.scripted_action(ROWS[2], []))
+    result = verify(client, row, scripted.scripted_action(ROWS[2], []))
     assert result["reward"] == 1.0 and result["uuid"] == "u-1"
     assert result["extracted_answer"] == ROWS[2]["expected_answer"]
     assert "failure_reason" not in result
@@ -325,12 +269,12 @@ def test_verify_echoes_the_row_and_replaces_stale_metrics(client: TestClient) ->
         ({"expected_answer": None}, "expected_answer"),
         ({"expected_answer": "   "}, "expected_answer"),
         ({"expected_answer": ["1"]}, "expected_answer"),
-        ({"responses_create_params": {"input": "x", "bogus": 1}}, "bogus"),
+        ({"responses_create_params": {"input": "x", "temperature": "hot"}}, "temperature"),
         ({"response": {"output": []}}, "response"),
     ],
 )
 def test_malformed_rows_are_422(client: TestClient, change: dict[str, Any], field: str) -> None:
-    body = {**ROWS[0], "response": make_response([message(r"\boxed{720}")]).model_dump(mode="json")}
+    body = {**ROWS[0], "response": make_response([assistant_message(r"\boxed{720}")]).model_dump(mode="json")}
     body.update(change)
     body = {k: v for k, v in body.items() if v is not None}
     reply = client.post("/verify", json=body)
@@ -351,24 +295,24 @@ def test_no_tool_routes(client: TestClient) -> None:
 @pytest.mark.slow
 def test_slow_verification_times_out_and_the_next_one_runs() -> None:
     server = MathResourcesServer.from_config({"verify_workers": 1, "verify_timeout_s": 1.0}, name=NAME)
-    with TestClient(server.build_app()) as c:
-        assert verify_reply(c, row_with("2"), [message(r"\boxed{2}")])["reward"] == 1.0  # workers warm
+    with app_client(server) as c:
+        assert verify(c, row_with("2"), [assistant_message(r"\boxed{2}")])["reward"] == 1.0  # workers warm
         started = time.monotonic()
-        result = verify_reply(c, row_with("2"), [message(f"\\boxed{{{SLOW_ANSWER}}}")])
+        result = verify(c, row_with("2"), [assistant_message(f"\\boxed{{{SLOW_ANSWER}}}")])
         assert time.monotonic() - started < 1.0 + 5.0
         assert result["reward"] == 0.0 and result["library_reward"] == 0.0
         assert result["failure_kind"] == "verify_timeout"
         assert "verify_timeout_s=1" in result["failure_reason"]
         assert result["extracted_answer"] == SLOW_ANSWER
         started = time.monotonic()
-        assert verify_reply(c, row_with("2"), [message(r"\boxed{2}")])["reward"] == 1.0
+        assert verify(c, row_with("2"), [assistant_message(r"\boxed{2}")])["reward"] == 1.0
         assert time.monotonic() - started < 5.0
 
 
 def test_tiny_time_limit_gives_0_with_failure_reason() -> None:
     server = MathResourcesServer.from_config({"verify_workers": 1, "verify_timeout_s": 0.001}, name=NAME)
-    with TestClient(server.build_app()) as c:
-        result = verify_reply(c, row_with("x^2+2x+1"), [message(r"\boxed{(x+1)^2}")])
+    with app_client(server) as c:
+        result = verify(c, row_with("x^2+2x+1"), [assistant_message(r"\boxed{(x+1)^2}")])
     assert result["reward"] == 0.0 and result["failure_kind"] == "verify_timeout"
     assert "failure_reason" in result
 
@@ -438,7 +382,7 @@ def judged(fake_judge: FakeJudge) -> Iterator[TestClient]:
         "judge_api_key": JUDGE_KEY,
         "judge_timeout_s": 10,
     }
-    with TestClient(MathResourcesServer.from_config(config, name=NAME).build_app()) as c:
+    with app_client(MathResourcesServer, config, name=NAME) as c:
         yield c
 
 
@@ -447,7 +391,7 @@ def test_judge_decides_when_the_library_says_unequal(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     before = len(fake_judge.requests)
-    result = verify_reply(judged, row_with(r"\frac{1}{2}"), [message(r"\boxed{\text{one half}}")])
+    result = verify(judged, row_with(r"\frac{1}{2}"), [assistant_message(r"\boxed{\text{one half}}")])
     assert (result["library_reward"], result["judge_reward"], result["reward"]) == (0.0, 1.0, 1.0)
     [request] = fake_judge.requests[before:]
     assert request["authorization"] == f"Bearer {JUDGE_KEY}"
@@ -458,7 +402,7 @@ def test_judge_decides_when_the_library_says_unequal(
 
 def test_judge_is_not_asked_when_the_library_agrees(judged: TestClient, fake_judge: FakeJudge) -> None:
     before = len(fake_judge.requests)
-    result = verify_reply(judged, row_with(r"\frac{1}{2}"), [message(r"\boxed{0.5}")])
+    result = verify(judged, row_with(r"\frac{1}{2}"), [assistant_message(r"\boxed{0.5}")])
     assert (result["reward"], result["judge_reward"]) == (1.0, None)
     assert len(fake_judge.requests) == before
 
@@ -468,7 +412,7 @@ def test_judge_failure_keeps_the_library_reward(
     judged: TestClient, answer_text: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    result = verify_reply(judged, row_with("720"), [message(f"\\boxed{{\\text{{{answer_text}}}}}")])
+    result = verify(judged, row_with("720"), [assistant_message(f"\\boxed{{\\text{{{answer_text}}}}}")])
     assert (result["reward"], result["library_reward"], result["judge_reward"]) == (0.0, 0.0, None)
     assert result["judge_error"]
     assert JUDGE_KEY not in json.dumps(result) and JUDGE_KEY not in caplog.text
@@ -485,8 +429,8 @@ def test_unreachable_judge_keeps_the_library_reward() -> None:
         "judge_api_key": JUDGE_KEY,
         "judge_timeout_s": 2,
     }
-    with TestClient(MathResourcesServer.from_config(config, name=NAME).build_app()) as c:
-        result = verify_reply(c, row_with("720"), [message(r"\boxed{721}")])
+    with app_client(MathResourcesServer, config, name=NAME) as c:
+        result = verify(c, row_with("720"), [assistant_message(r"\boxed{721}")])
     assert (result["reward"], result["judge_reward"]) == (0.0, None)
     assert "judge request failed" in result["judge_error"]
 
@@ -523,9 +467,9 @@ def test_ray_tasks_verify() -> None:
     was_connected = ray.is_initialized()
     server = MathResourcesServer.from_config({"ray_address": "local", "verify_timeout_s": 1.0}, name=NAME)
     try:
-        with TestClient(server.build_app()) as c:
-            assert verify_reply(c, row_with("0.5"), [message(r"\boxed{\frac12}")])["reward"] == 1.0
-            slow = verify_reply(c, row_with("2"), [message(f"\\boxed{{{SLOW_ANSWER}}}")])
+        with app_client(server) as c:
+            assert verify(c, row_with("0.5"), [assistant_message(r"\boxed{\frac12}")])["reward"] == 1.0
+            slow = verify(c, row_with("2"), [assistant_message(f"\\boxed{{{SLOW_ANSWER}}}")])
             assert slow["failure_kind"] == "verify_timeout"
     finally:
         if not was_connected:  # the private Ray this test started: stop it, or it outlives the test
@@ -554,9 +498,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["domain"] == "math" and server["description"]
     assert "judge_api_key" not in server
 
@@ -586,7 +529,7 @@ def test_liveness_answers_while_32_slow_verifications_run() -> None:
     spec = dataclasses.replace(spec, config={**spec.config, "verify_workers": 2, "verify_timeout_s": 0.5})
     body = {
         **row_with("2"),
-        "response": make_response([message(f"\\boxed{{{SLOW_ANSWER}}}")]).model_dump(mode="json"),
+        "response": make_response([assistant_message(f"\\boxed{{{SLOW_ANSWER}}}")]).model_dump(mode="json"),
     }
     with Launcher() as launcher:
         url = launcher.start(spec).url

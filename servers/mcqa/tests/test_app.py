@@ -3,60 +3,44 @@
 from __future__ import annotations
 
 import doctest
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.testing import times_slower_than_plain
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    reasoning,
+    server_config,
+    times_slower_than_plain,
+    verify,
+)
 from nemo_gym_env.servers.mcqa import choices, scripted
 from nemo_gym_env.servers.mcqa.app import MCQAResourcesServer, MCQARunRequest
 
 NAME = "mcqa"
 HERE = Path(__file__).resolve().parent.parent
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 OPTIONS = {"A": "Venus", "B": "Mercury", "C": "Mars", "D": "Earth"}
 PLAIN = {k: v for k, v in ROWS[0].items() if k not in ("grading_mode", "template_metadata")}  # expects B
-
-
-def message(text: str, msg_id: str = "msg_1") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": msg_id,
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def reasoning(text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": text}]}
-
-
-def verify_reply(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    reply = client.post("/verify", json={**row, "response": make_response(output).model_dump(mode="json")})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def graded(client: TestClient, mode: str | None, text: str, **row: Any) -> dict[str, Any]:
     body = {**PLAIN, **row}
     if mode is not None:
         body["grading_mode"] = mode
-    return verify_reply(client, body, [message(text)])
+    return verify(client, body, [assistant_message(text)])
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with TestClient(MCQAResourcesServer.from_config({"regex_timeout_s": 2.0}, name=NAME).build_app()) as c:
+    with app_client(MCQAResourcesServer, {"regex_timeout_s": 2.0}, name=NAME) as c:
         yield c
 
 
@@ -150,7 +134,7 @@ def test_readers_are_linear_on_adversarial_text() -> None:
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_correct_answer_gets_1(client: TestClient, index: int) -> None:
     row = ROWS[index]
-    result = verify_reply(client, row, scripted.scripted_action(row, [], correct=True))
+    result = verify(client, row, scripted.scripted_action(row, [], correct=True))
     assert result["reward"] == 1.0 and result["extracted_answer"] == row["expected_answer"]
     assert result["grading_mode"] == row.get("grading_mode", "strict_single_letter_boxed")
     assert result["answer_source"] == ("output_regex" if "template_metadata" in row else "grading_mode")
@@ -159,7 +143,7 @@ def test_scripted_correct_answer_gets_1(client: TestClient, index: int) -> None:
 @pytest.mark.parametrize("index", range(len(ROWS)))
 def test_scripted_wrong_answer_gets_0(client: TestClient, index: int) -> None:
     row = ROWS[index]
-    result = verify_reply(client, row, scripted.scripted_action(row, [], correct=False))
+    result = verify(client, row, scripted.scripted_action(row, [], correct=False))
     assert result["reward"] == 0.0 and result["extracted_answer"] == scripted.wrong_letter(row)
 
 
@@ -175,7 +159,7 @@ def test_modes_through_the_route(client: TestClient) -> None:
 
 def test_row_grading_mode_overrides_the_config() -> None:
     server = MCQAResourcesServer.from_config({"grading_mode": "lenient_answer_colon"}, name=NAME)
-    with TestClient(server.build_app()) as c:
+    with app_client(server) as c:
         by_config = graded(c, None, "Answer: B")
         assert (by_config["reward"], by_config["grading_mode"]) == (1.0, "lenient_answer_colon")
         by_row = graded(c, "strict_single_letter_boxed", "Answer: B")
@@ -184,22 +168,23 @@ def test_row_grading_mode_overrides_the_config() -> None:
 
 @pytest.mark.parametrize(
     "output",
-    [[], [message("")], [message("I believe it is the smallest planet.")]],
+    [[], [assistant_message("")], [assistant_message("I believe it is the smallest planet.")]],
     ids=["empty-output", "empty-text", "no-answer"],
 )
 def test_no_answer_gets_0(client: TestClient, output: list[dict[str, Any]]) -> None:
-    result = verify_reply(client, PLAIN, output)
+    result = verify(client, PLAIN, output)
     assert (result["reward"], result["extracted_answer"], result["answer_source"]) == (0.0, None, None)
     assert "failure_reason" not in result
 
 
 def test_answer_only_in_reasoning_gets_0(client: TestClient) -> None:
-    result = verify_reply(client, PLAIN, [reasoning(r"\boxed{B}"), message("As I reasoned.")])
+    result = verify(client, PLAIN, [reasoning(r"\boxed{B}"), assistant_message("As I reasoned.")])
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
 def test_only_the_last_assistant_message_counts(client: TestClient) -> None:
-    result = verify_reply(client, PLAIN, [message(r"\boxed{B}", "m1"), message("Let me reconsider.", "m2")])
+    output = [assistant_message(r"\boxed{B}", "m1"), assistant_message("Let me reconsider.", "m2")]
+    result = verify(client, PLAIN, output)
     assert result["reward"] == 0.0
 
 
@@ -209,7 +194,7 @@ def test_no_assistant_message_at_all(client: TestClient) -> None:
         {"type": "function_call", "call_id": "c", "name": "lookup", "arguments": "{}", "id": "fc_1"},
         {"type": "function_call_output", "call_id": "c", "output": r"\boxed{B}"},
     ]
-    result = verify_reply(client, PLAIN, output)
+    result = verify(client, PLAIN, output)
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
@@ -225,7 +210,7 @@ def test_enormous_output_is_bounded(client: TestClient) -> None:
     started = time.monotonic()
     tail = graded(client, None, padding + r"\boxed{B}")
     head = graded(client, None, r"\boxed{B} " + padding)
-    regex = verify_reply(client, ROWS[4], [message(padding + r"Answer: \boxed{C}")])
+    regex = verify(client, ROWS[4], [assistant_message(padding + r"Answer: \boxed{C}")])
     braces = graded(client, "lenient_boxed", "\\boxed{" * 700_000)
     assert time.monotonic() - started < 60
     assert (tail["reward"], tail["answer_truncated"]) == (1.0, True)
@@ -243,7 +228,7 @@ def with_regex(pattern: Any, **row: Any) -> dict[str, Any]:
 
 def test_row_regex_first_group_is_the_letter(client: TestClient) -> None:
     row = with_regex(r"Final choice:\s*\(?([A-D])\)?")
-    result = verify_reply(client, row, [message("Final choice: (A)\n...\nfinal CHOICE: b")])
+    result = verify(client, row, [assistant_message("Final choice: (A)\n...\nfinal CHOICE: b")])
     assert (result["reward"], result["answer_source"], result["extracted_answer"]) == (
         1.0,
         "output_regex",
@@ -254,16 +239,16 @@ def test_row_regex_first_group_is_the_letter(client: TestClient) -> None:
 
 def test_row_regex_list_and_fallback_to_the_mode(client: TestClient) -> None:
     row = with_regex([r"Option Selected:\s*([A-Z])", r"I pick\s+([A-Z])"])
-    assert verify_reply(client, row, [message("I pick B")])["answer_source"] == "output_regex"
-    fallback = verify_reply(client, row, [message(r"No match, but \boxed{B}")])
+    assert verify(client, row, [assistant_message("I pick B")])["answer_source"] == "output_regex"
+    fallback = verify(client, row, [assistant_message(r"No match, but \boxed{B}")])
     assert (fallback["reward"], fallback["answer_source"]) == (1.0, "grading_mode")
-    not_an_option = verify_reply(client, row, [message(r"I pick Z \boxed{B}")])
+    not_an_option = verify(client, row, [assistant_message(r"I pick Z \boxed{B}")])
     assert (not_an_option["reward"], not_an_option["answer_source"]) == (1.0, "grading_mode")
 
 
 def test_row_regex_sees_only_the_last_20k_chars(client: TestClient) -> None:
     row = with_regex(r"Pick:\s*([A-D])")
-    result = verify_reply(client, row, [message("Pick: B " + "x" * 25_000)])
+    result = verify(client, row, [assistant_message("Pick: B " + "x" * 25_000)])
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
@@ -272,14 +257,14 @@ def test_catastrophic_row_regex_times_out_and_the_mode_decides() -> None:
     server = MCQAResourcesServer.from_config({"regex_timeout_s": 1.0}, name=NAME)
     row = with_regex(r"(a+)+$")
     text = "a" * 5_000 + "!" + r" \boxed{B}"
-    with TestClient(server.build_app()) as c:
-        verify_reply(c, with_regex(r"([A-D])"), [message("B")])  # starts the worker
+    with app_client(server) as c:
+        verify(c, with_regex(r"([A-D])"), [assistant_message("B")])  # starts the worker
         started = time.monotonic()
-        result = verify_reply(c, row, [message(text)])
+        result = verify(c, row, [assistant_message(text)])
         assert time.monotonic() - started < 1.0 + 3.0
         assert (result["reward"], result["answer_source"]) == (1.0, "grading_mode")
         assert "regex_timeout_s=1" in result["regex_error"]
-        quick = verify_reply(c, with_regex(r"([A-D])"), [message("B")])  # a fresh worker takes over
+        quick = verify(c, with_regex(r"([A-D])"), [assistant_message("B")])  # a fresh worker takes over
         assert (quick["reward"], quick["answer_source"], quick["regex_error"]) == (1.0, "output_regex", None)
 
 
@@ -303,7 +288,7 @@ def test_catastrophic_row_regex_times_out_and_the_mode_decides() -> None:
     ],
 )
 def test_malformed_rows_are_422(client: TestClient, change: dict[str, Any], field: str) -> None:
-    body = {**PLAIN, "response": make_response([message(r"\boxed{B}")]).model_dump(mode="json")}
+    body = {**PLAIN, "response": make_response([assistant_message(r"\boxed{B}")]).model_dump(mode="json")}
     body.update(change)
     body = {k: v for k, v in body.items() if v is not None}
     reply = client.post("/verify", json=body)
@@ -335,9 +320,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["grading_mode"] is None and server["description"]
     MCQAResourcesServer.from_config(server, name=NAME)
 

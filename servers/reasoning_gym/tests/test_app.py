@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("reasoning_gym")
 
 from fastapi.testclient import TestClient
 
 from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.testing import (
+    app_client,
+    assistant_message,
+    example_rows,
+    reasoning,
+    server_config,
+    verify,
+)
 from nemo_gym_env.servers.reasoning_gym import app as app_module
 from nemo_gym_env.servers.reasoning_gym import scripted, tasks
 from nemo_gym_env.servers.reasoning_gym.make_dataset import make_row
@@ -23,41 +29,18 @@ from nemo_gym_env.servers.reasoning_gym.make_dataset import make_row
 NAME = "reasoning_gym"
 HERE = Path(__file__).resolve().parent.parent
 Server = app_module.ReasoningGymResourcesServer
-ROWS = [
-    json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines() if line.strip()
-]
+ROWS = example_rows(HERE)
 TIMEOUT_S = 4.0
 
 
 def serve(**config: Any) -> TestClient:
-    return TestClient(Server.from_config({"score_timeout_s": TIMEOUT_S, **config}, name=NAME).build_app())
+    return app_client(Server, {"score_timeout_s": TIMEOUT_S, **config}, name=NAME)
 
 
 @pytest.fixture(scope="module")
 def client():
     with serve(scoring_workers=2) as c:
         yield c
-
-
-def message(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "id": "msg_1",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def reasoning(text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": text}]}
-
-
-def verify(client: TestClient, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    response = make_response(output).model_dump(mode="json")
-    reply = client.post("/verify", json={**row, "response": response})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def answer_of(row: dict[str, Any]) -> str:
@@ -107,7 +90,7 @@ def test_row_that_already_has_metrics_is_rescored(client: TestClient) -> None:
 
 def test_unknown_task_gets_0_with_reason(client: TestClient) -> None:
     row = {**ROWS[0], "task_name": "no_such_task"}
-    result = verify(client, row, [message("<answer>1</answer>")])
+    result = verify(client, row, [assistant_message("<answer>1</answer>")])
     assert result["reward"] == 0.0
     assert result["failure_kind"] == "unknown_task"
     assert "no_such_task" in result["failure_reason"] and "--list" in result["failure_reason"]
@@ -115,7 +98,7 @@ def test_unknown_task_gets_0_with_reason(client: TestClient) -> None:
 
 def test_invalid_task_config_gets_0_with_reason(client: TestClient) -> None:
     row = {**ROWS[0], "task_config": {"no_such_setting": 1}}
-    result = verify(client, row, [message("<answer>1</answer>")])
+    result = verify(client, row, [assistant_message("<answer>1</answer>")])
     assert (result["reward"], result["failure_kind"]) == (0.0, "invalid_task_config")
     assert "no_such_setting" in result["failure_reason"]
 
@@ -129,8 +112,8 @@ def test_edited_question_is_a_mismatch(client: TestClient) -> None:
 
 def test_the_answer_shipped_in_a_row_is_not_trusted(client: TestClient) -> None:
     row = {**ROWS[0], "answer": "7", "metadata": {"source_dataset": "basic_arithmetic"}}
-    assert verify(client, row, [message("<answer>7</answer>")])["reward"] == 0.0
-    assert verify(client, row, [message(f"<answer>{answer_of(ROWS[0])}</answer>")])["reward"] == 1.0
+    assert verify(client, row, [assistant_message("<answer>7</answer>")])["reward"] == 0.0
+    assert verify(client, row, [assistant_message(f"<answer>{answer_of(ROWS[0])}</answer>")])["reward"] == 1.0
 
 
 # ---- answer extraction through the route ------------------------------------------------
@@ -139,11 +122,11 @@ def test_the_answer_shipped_in_a_row_is_not_trusted(client: TestClient) -> None:
 def test_empty_output_gets_0(client: TestClient) -> None:
     result = verify(client, ROWS[0], [])
     assert (result["reward"], result["extracted_answer"], result["answer_source"]) == (0.0, None, None)
-    assert verify(client, ROWS[0], [message("")])["reward"] == 0.0
+    assert verify(client, ROWS[0], [assistant_message("")])["reward"] == 0.0
 
 
 def test_no_answer_tag_gets_0(client: TestClient) -> None:
-    result = verify(client, ROWS[1], [message(f"The answer is {answer_of(ROWS[1])}.")])
+    result = verify(client, ROWS[1], [assistant_message(f"The answer is {answer_of(ROWS[1])}.")])
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
@@ -151,35 +134,37 @@ def test_several_answer_tags_last_one_counts(client: TestClient) -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
     wrong = scripted.wrong_answer(right)
     text = f"<answer>{wrong}</answer> wait, no: <answer>{right}</answer>"
-    assert verify(client, row, [message(text)])["reward"] == 1.0
+    assert verify(client, row, [assistant_message(text)])["reward"] == 1.0
     text = f"<answer>{right}</answer> wait, no: <answer>{wrong}</answer>"
-    assert verify(client, row, [message(text)])["reward"] == 0.0
+    assert verify(client, row, [assistant_message(text)])["reward"] == 0.0
 
 
 def test_only_the_last_assistant_message_counts(client: TestClient) -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
-    result = verify(client, row, [message(f"<answer>{right}</answer>"), message("Hope that helps.")])
+    output = [assistant_message(f"<answer>{right}</answer>"), assistant_message("Hope that helps.")]
+    result = verify(client, row, output)
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
 def test_answer_only_in_reasoning_gets_0(client: TestClient) -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
-    result = verify(client, row, [reasoning(f"<answer>{right}</answer>"), message("I am not sure.")])
+    output = [reasoning(f"<answer>{right}</answer>"), assistant_message("I am not sure.")]
+    result = verify(client, row, output)
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
     assert verify(client, row, [reasoning(f"<answer>{right}</answer>")])["reward"] == 0.0
 
 
 def test_boxed_fallback(client: TestClient) -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
-    result = verify(client, row, [message(f"So the total is \\boxed{{{right}}}.")])
+    result = verify(client, row, [assistant_message(f"So the total is \\boxed{{{right}}}.")])
     assert (result["reward"], result["answer_source"]) == (1.0, "boxed")
 
 
 def test_unicode(client: TestClient) -> None:
     row, right = ROWS[3], answer_of(ROWS[3])
     text = f"🙂 Ünïcödé thinking… 答案是 <answer>{right}</answer> ✓"
-    assert verify(client, row, [message(text)])["reward"] == 1.0
-    result = verify(client, row, [message("<answer>ｎｏｒｅｍｏｐｙｈ \u202e\u0000</answer>")])
+    assert verify(client, row, [assistant_message(text)])["reward"] == 1.0
+    result = verify(client, row, [assistant_message("<answer>ｎｏｒｅｍｏｐｙｈ \u202e\u0000</answer>")])
     assert result["reward"] == 0.0 and result["extracted_answer"].startswith("ｎｏｒｅｍｏｐｙｈ")
 
 
@@ -187,9 +172,9 @@ def test_enormous_output_is_bounded_in_time(client: TestClient) -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
     junk = "{\\boxed{<answer>" * 400_000  # ~6.4 MB of half-open tags and braces
     started = time.perf_counter()
-    assert verify(client, row, [message(junk + f"<answer>{right}</answer>")])["reward"] == 1.0
-    assert verify(client, row, [message(junk)])["reward"] == 0.0
-    result = verify(client, row, [message(f"<answer>{'9' * 6_000_000}</answer>")])
+    assert verify(client, row, [assistant_message(junk + f"<answer>{right}</answer>")])["reward"] == 1.0
+    assert verify(client, row, [assistant_message(junk)])["reward"] == 0.0
+    result = verify(client, row, [assistant_message(f"<answer>{'9' * 6_000_000}</answer>")])
     assert (result["reward"], result["failure_kind"]) == (0.0, "answer_too_long")
     assert len(result["extracted_answer"]) == 20_000
     assert time.perf_counter() - started < 30.0  # three 6 MB bodies, parsed and echoed
@@ -214,7 +199,7 @@ def test_enormous_output_is_bounded_in_time(client: TestClient) -> None:
 def test_malformed_row_is_422(client: TestClient, change: dict[str, Any], field: str) -> None:
     row = {**ROWS[0], **change}
     row = {k: v for k, v in row.items() if v is not None}
-    response = make_response([message("<answer>1</answer>")]).model_dump(mode="json")
+    response = make_response([assistant_message("<answer>1</answer>")]).model_dump(mode="json")
     reply = client.post("/verify", json={**row, "response": response})
     assert reply.status_code == 422, reply.text
     assert "/verify" in reply.json()["error"] and field in reply.text
@@ -234,7 +219,7 @@ def test_runaway_scorer_times_out_and_the_server_stays_responsive(client: TestCl
     results: list[dict[str, Any]] = []
     # sympy evaluates 9**9**9**9 forever: the worker must be killed at the timeout.
     hang = threading.Thread(
-        target=lambda: results.append(verify(client, row, [message("<answer>9**9**9**9</answer>")]))
+        target=lambda: results.append(verify(client, row, [assistant_message("<answer>9**9**9**9</answer>")]))
     )
     started = time.perf_counter()
     hang.start()
@@ -250,7 +235,7 @@ def test_runaway_scorer_times_out_and_the_server_stays_responsive(client: TestCl
     assert liveness_s < 2.0, liveness_s
     # The killed worker was replaced: scoring goes on.
     right = tasks.regenerate(tasks.TaskKey.from_row(row))["answer"]
-    assert verify(client, row, [message(f"<answer>{right}</answer>")])["reward"] == 1.0
+    assert verify(client, row, [assistant_message(f"<answer>{right}</answer>")])["reward"] == 1.0
 
 
 # ---- other configurations -----------------------------------------------------------------
@@ -259,19 +244,19 @@ def test_runaway_scorer_times_out_and_the_server_stays_responsive(client: TestCl
 def test_answer_fallback_full_text_and_none() -> None:
     row, right = ROWS[1], answer_of(ROWS[1])
     with serve(scoring_workers=1, answer_fallback="full_text") as full:
-        result = verify(full, row, [message(f"  {right}\n")])
+        result = verify(full, row, [assistant_message(f"  {right}\n")])
         assert (result["reward"], result["answer_source"]) == (1.0, "full_text")
-        assert verify(full, row, [message(f"\\boxed{{{right}}} is it")])["answer_source"] == "boxed"
+        assert verify(full, row, [assistant_message(f"\\boxed{{{right}}} is it")])["answer_source"] == "boxed"
         app = full.app
     with serve(scoring_workers=1, answer_fallback="none") as strict:
-        result = verify(strict, row, [message(f"\\boxed{{{right}}}")])
+        result = verify(strict, row, [assistant_message(f"\\boxed{{{right}}}")])
         assert (result["reward"], result["extracted_answer"]) == (0.0, None)
     assert app is not None
 
 
 def test_pool_stops_with_the_app() -> None:
     server = Server.from_config({"scoring_workers": 1}, name=NAME)
-    with TestClient(server.build_app()):
+    with app_client(server):
         pool = server.scoring_pool()
         assert not pool.closed
     assert pool.closed
@@ -299,9 +284,8 @@ def test_example_rows_are_valid() -> None:
 
 
 def test_config_names_the_instance() -> None:
-    config = yaml.safe_load((HERE / "configs" / f"{NAME}.yaml").read_text())
-    server = config[NAME]["resources_servers"][NAME]
-    assert server["entrypoint"] == "app.py" and (HERE / server["entrypoint"]).is_file()
+    server = server_config(HERE, NAME)
+    assert server["entrypoint"] == "app.py"
     assert server["verified"] is False and server["domain"] and server["description"]
     Server.from_config(server, name=NAME)  # every key is a valid setting
 

@@ -11,7 +11,7 @@ import pytest
 from nemo_gym_env.adapters.nemo_rl import NemoGymRollouts, NemoRLFormatError, RolloutFailed
 
 from ...conftest import example_rows
-from ...ray.players import TokenPolicy
+from ...ray_cluster.players import TokenPolicy
 from .layout import as_list, assert_layout, nemo_rl_consume
 
 # ---- the producer: NeMo RL's streaming contract ----------------------------------------------
@@ -26,8 +26,8 @@ def _rows(server: str, tasks: int, repeats: int = 1, start: int = 0) -> list[dic
 
 @pytest.fixture(scope="module")
 def openai_base_url() -> Any:
-    """A fake OpenAI-compatible server returning vLLM-style token data (``tests/openai_server.py``)."""
-    from tests.openai_server import running_server
+    """A fake OpenAI-compatible server returning vLLM-style token data (``tests/fixtures/openai_server.py``)."""
+    from tests.fixtures.openai_server import running_server
 
     with running_server() as url:
         yield url

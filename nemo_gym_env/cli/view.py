@@ -1,0 +1,67 @@
+"""``nemo-gym-env view`` and ``nemo-gym-env play``: the local web pages (:mod:`nemo_gym_env.viewer`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_env.cli.common import env_yaml_path, split_targets
+from nemo_gym_env.envs.registration import GENERIC_ID, env_id
+from nemo_gym_env.errors import UsageError
+from nemo_gym_env.launch.catalog import bundled_spec
+from nemo_gym_env.launch.config import parse_overrides
+from nemo_gym_env.rollouts.settings import DEFAULT_OUTPUT
+from nemo_gym_env.viewer.play_app import EnvSpec
+from nemo_gym_env.viewer.run import env_yaml_secrets, run_play, run_view
+
+__all__ = ["cmd_play", "cmd_view"]
+
+
+def _secrets(args: argparse.Namespace) -> list[str]:
+    return env_yaml_secrets(env_yaml_path(args), required=bool(getattr(args, "env_yaml", None)))
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the rollout viewer over rollout files until Ctrl-C."""
+    if args.max_row_mb <= 0:
+        raise UsageError(f"--max-row-mb must be > 0, got {args.max_row_mb}")
+    return run_view(args.paths or [DEFAULT_OUTPUT], host=args.host, port=args.port, secrets=_secrets(args),
+                    max_row_bytes=int(args.max_row_mb * 2**20))
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    """Serve a page to play one environment by hand until Ctrl-C."""
+    names, overrides = split_targets(args.targets)
+    config_paths, others = parse_overrides(overrides)
+    if others:
+        raise UsageError(f"play takes a server name, \"+config_paths=[...]\" or --server-url, not {others[0]!r}")
+    if len(names) > 1 or (args.server_url and config_paths):
+        raise UsageError("play one server: a bundled NAME, \"+config_paths=[...]\" (NAME picks an instance) or "
+                         "--server-url")
+    if args.max_steps < 1:
+        raise UsageError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.server_url and not args.server_url.startswith(("http://", "https://")):
+        raise UsageError(f"--server-url must be an http:// or https:// URL, got {args.server_url!r}")
+    kwargs: dict[str, Any] = {"max_steps": args.max_steps}
+    if args.input:
+        if not Path(args.input).is_file():
+            raise UsageError(f"dataset {args.input!r} not found")
+        kwargs["dataset"] = args.input
+    if args.server_url or config_paths:
+        if not args.input:
+            raise UsageError("--server-url and \"+config_paths=[...]\" need the tasks: --input tasks.jsonl")
+        if args.server_url:
+            kwargs["base_url"] = args.server_url
+        else:
+            kwargs["config_paths"] = config_paths
+        if names:
+            kwargs["server"] = names[0]
+        spec = EnvSpec(GENERIC_ID, kwargs)
+    elif names:
+        bundled_spec(names[0])  # an unknown name fails here, listing the bundled ones
+        spec = EnvSpec(env_id(names[0]), kwargs)
+    else:
+        raise UsageError("name a server to play: a bundled NAME (see `nemo-gym-env list`), \"+config_paths=[...]\" "
+                         "or --server-url URL --input tasks.jsonl")
+    return run_play(spec, host=args.host, port=args.port, output=args.output, secrets=_secrets(args))

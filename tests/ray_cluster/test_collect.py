@@ -1,0 +1,169 @@
+"""ray_collect on the two-node loopback cluster: order, exactly-once, and workers (and a node) dying mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nemo_gym_env.launch.catalog import bundled_spec
+from nemo_gym_env.ray_cluster import RayLauncher, WorkersLost, ray_collect
+from nemo_gym_env.rollouts.identity import task_keys
+from nemo_gym_env.rollouts.output import is_failure
+
+from ..cli.conftest import cli_env
+from ..conftest import example_rows
+from .players import TokenPolicyFactory
+
+pytestmark = pytest.mark.slow
+
+SERVER = "example_multi_step"
+
+
+@pytest.fixture(scope="module")
+def server_url(ray_cluster) -> Iterator[str]:
+    with RayLauncher(host="127.0.0.1") as launcher:
+        yield launcher.start(bundled_spec(SERVER)).url
+
+
+def _keys(rows: list[dict]) -> list[tuple[int, int]]:
+    return [(row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows]
+
+
+def _expected(tasks: int, repeats: int) -> list[tuple[int, int]]:
+    return [(t, r) for t in range(tasks) for r in range(repeats)]
+
+
+def test_rows_stream_back_in_order_exactly_once(server_url: str) -> None:
+    rows = example_rows(SERVER)
+    out = list(ray_collect(rows, TokenPolicyFactory(SERVER), {SERVER: server_url}, num_workers=2,
+                           num_repeats=3, concurrency=4, chunk_size=3, timeout_s=240))
+    assert _keys(out) == _expected(len(rows), 3)
+    assert all(not is_failure(row) and row["reward"] == 1.0 for row in out)
+    assert all("generation_token_ids" in row["response"]["output"][-1] for row in out)
+
+
+def test_skip_resumes_and_sampling_applies(server_url: str) -> None:
+    rows = example_rows(SERVER)[:2]
+    keys = task_keys(rows)  # one server URL: its rows' server is "server"
+    out = list(ray_collect(rows, TokenPolicyFactory(SERVER), server_url, num_workers=1, num_repeats=2,
+                           skip=[("server", keys[0], 0), ("server", keys[1], 1)], sampling={"temperature": 0.25},
+                           timeout_s=120))
+    assert _keys(out) == [(0, 1), (1, 0)]
+    assert all(row["responses_create_params"]["temperature"] == 0.25 for row in out)
+
+
+def _kill_one(pid_dir: Path, within_s: float = 60.0) -> int:
+    deadline = time.monotonic() + within_s
+    while not list(pid_dir.iterdir()):
+        assert time.monotonic() < deadline, "no worker built its policy"
+        time.sleep(0.1)
+    pid = int(next(iter(pid_dir.iterdir())).name)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_worker_loses_no_row_and_duplicates_none(server_url: str, tmp_path: Path) -> None:
+    rows = example_rows(SERVER)
+    lost: list[tuple[int, str]] = []
+    factory = TokenPolicyFactory(SERVER, delay_s=0.25, pid_dir=str(tmp_path))
+    stream = ray_collect(rows, factory, server_url, num_workers=2, num_repeats=4, concurrency=3, chunk_size=2,
+                         timeout_s=300, on_worker_lost=lambda index, reason: lost.append((index, reason)))
+    out = [next(stream)]  # collection is under way on both workers
+    killed = _kill_one(tmp_path)
+    out += list(stream)
+    assert _keys(out) == _expected(len(rows), 4)  # all present, exactly once, in order
+    assert all(row["reward"] == 1.0 for row in out)
+    assert len(lost) == 1, lost  # exactly the worker that was killed
+    assert killed > 0
+
+
+def test_every_worker_dying_names_the_rows_left(server_url: str, tmp_path: Path) -> None:
+    rows = example_rows(SERVER)[:2]
+    factory = TokenPolicyFactory(SERVER, delay_s=2.0, pid_dir=str(tmp_path))
+    killer = threading.Thread(target=_kill_one, args=(tmp_path,), daemon=True)
+    killer.start()
+    with pytest.raises(WorkersLost, match=r"all 1 Ray rollout workers died; 4 rollouts left") as caught:
+        list(ray_collect(rows, factory, server_url, num_workers=1, num_repeats=2, timeout_s=120))
+    killer.join(5)
+    keys = task_keys(rows)
+    assert caught.value.missing == [("server", keys[t], r) for t, r in _expected(2, 2)]
+
+
+def test_a_lost_node_loses_no_row(ray_cluster, tmp_path: Path) -> None:
+    """The worker node's processes are killed mid-collection (a lost machine); its rollouts re-run on the head."""
+    import ray
+
+    rows = example_rows(SERVER)
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    worker_node = ray_cluster.nodes[1]
+    try:
+        with RayLauncher(host="127.0.0.1") as launcher:
+            url = launcher.start(bundled_spec(SERVER), node_id=head).url  # the server survives the node
+            factory = TokenPolicyFactory(SERVER, delay_s=0.25)
+            stream = ray_collect(rows, factory, url, num_workers=2, num_repeats=3, concurrency=3, chunk_size=2,
+                                 timeout_s=300)
+            out = [next(stream)]
+            ray_cluster.kill_node(worker_node)
+            out += list(stream)
+        assert _keys(out) == _expected(len(rows), 3)
+    finally:
+        ray_cluster.nodes.remove(worker_node)
+        ray_cluster.add_worker("worker-again")  # later tests get two nodes again
+        ray_cluster.wait_nodes(2, 180)
+
+
+DRIVER = """
+import sys
+import ray
+from nemo_gym_env.protocol.dataset import load_rows
+from nemo_gym_env.ray_cluster import ray_collect
+from nemo_gym_env.rollouts.output import RolloutWriter
+from tests.ray_cluster.players import TokenPolicyFactory
+
+address, url, tasks, out = sys.argv[1:5]
+ray.init(address=address, log_to_driver=False)
+with RolloutWriter(out, resume=True) as writer:
+    for row in ray_collect(load_rows(tasks), TokenPolicyFactory("example_multi_step", delay_s=0.05), url,
+                           num_workers=2, num_repeats=8, concurrency=4, chunk_size=4, skip=writer.done,
+                           timeout_s=300):
+        writer.write(row)
+"""
+
+
+def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_cluster, server_url: str,
+                                                                          tmp_path: Path) -> None:
+    """The driver writing ray_collect's rows is SIGKILLed twice mid-run; each rerun skips what is written."""
+    rows = example_rows(SERVER)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "rows.jsonl"
+    command = [sys.executable, "-c", DRIVER, ray_cluster.address, server_url, str(tasks), str(out)]
+
+    def complete_rows() -> list[dict]:
+        *complete, _ = out.read_bytes().split(b"\n") if out.exists() else [b""]
+        return [json.loads(line) for line in complete if line.strip()]
+
+    for kill_at in (5, 20):
+        driver = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True)
+        deadline = time.monotonic() + 240
+        while driver.poll() is None and len(complete_rows()) < kill_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert driver.poll() is None, driver.communicate()[1][-2000:]
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.communicate(timeout=60)
+    finished = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    keys = task_keys(rows)
+    got = [("server", r["_ng_task_key"], r["_ng_rollout_index"]) for r in complete_rows()]
+    assert sorted(got) == sorted(("server", keys[t], r) for t in range(len(rows)) for r in range(8))
+    assert all(r["reward"] == 1.0 for r in complete_rows())
