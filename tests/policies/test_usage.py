@@ -52,3 +52,18 @@ def test_openai_rollouts_sum_the_usage_of_each_reply(launched, openai_base_url):
         turns = sum(1 for item in row["response"]["output"] if item["type"] in ("function_call", "message"))
         usage = row["response"]["usage"]
         assert turns == 2 and (usage["input_tokens"], usage["output_tokens"]) == (turns, turns)
+
+
+def test_openai_responses_rollouts_sum_the_usage_of_each_reply(launched, openai_base_url):
+    """The test endpoint's Responses replies count one input token per input item, one output token
+    per output item: the second turn sees the task's items plus the call and its output."""
+    policy = OpenAIPolicy("scripted", base_url=openai_base_url, api_key="k")
+    rows = _rows(policy, launched[SERVER])
+    assert len(rows) == len(ROWS)
+    for row in rows:
+        output = row["response"]["output"]
+        assert [item["type"] for item in output] == ["function_call", "function_call_output", "message"]
+        task = len(row["responses_create_params"]["input"])
+        usage = row["response"]["usage"]
+        assert (usage["input_tokens"], usage["output_tokens"]) == (task + (task + 2), 1 + 1)
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
