@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         title=f"local policy (SmolLM2-135M-Instruct, greedy, {args.max_output_tokens} tokens a turn, "
               f"{len(tasks)} rollouts per level, medians of {args.rounds} round(s))",
     )
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings = {k: v for k, v in vars(args).items() if k != "out"}  # the folder is where it went, not a setting
     path = harness.write_results(args.name, {"settings": settings, "tasks": [[s, i] for s, i, _ in tasks],
                                              "summary": summary, "runs": runs}, args.out)
     print(f"\nwrote {path}")
