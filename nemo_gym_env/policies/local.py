@@ -24,10 +24,10 @@ temperature 0 (greedy) it is the log-softmax of the raw logits.
 Concurrency: turns of concurrent episodes are generated together. Prompt building runs in a
 worker thread (``asyncio.to_thread``, one at a time: the tokenizer is not safe to share), then
 the prompt joins the queue of a :class:`~nemo_gym_env.policies.batching.BatchGenerator`, whose
-one thread runs what is queued as one batch (up to ``max_batch_size`` turns, gathered while
-they keep arriving ``batch_wait_s`` apart): each prompt prefilled on its own, then one
-``model.generate`` over the left-padded batch, each row with its own sampling settings, budget
-and end-of-turn stop. Each turn gets back exactly its own tokens, so the token invariant holds
+one thread decodes the running turns together (up to ``max_batch_size``): an arriving prompt is
+prefilled on its own and joins the batch between decoding steps, a finished turn leaves it at
+once, and each row keeps its own sampling settings, budget and end-of-turn stop (models whose
+cache cannot be rearranged run fixed batches through ``model.generate``). Each turn gets back exactly its own tokens, so the token invariant holds
 as for a turn generated alone, and the event loop stays free throughout. The key/value states
 of finished turns are kept (``prefix_cache_mb``), so a turn computes only the tokens its
 episode added since its previous turn. A model that raises fails the turns of that batch only
