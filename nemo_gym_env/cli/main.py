@@ -33,7 +33,7 @@ from nemo_gym_env import __version__
 from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
 from nemo_gym_env.errors import NemoGymError
 from nemo_gym_env.policies.factory import POLICY_KINDS
-from nemo_gym_env.rollouts.settings import RolloutSettings
+from nemo_gym_env.rollouts.settings import DEFAULT_CONCURRENCY, LOCAL_DEFAULTS, RolloutSettings
 
 __all__ = ["build_parser", "main"]
 
@@ -111,12 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="openai: the Responses API (default) or Chat Completions")
     pol.add_argument("--device", metavar="DEV", help="local: cpu (default), cuda or cuda:N")
     pol.add_argument("--seed", type=int, help="local: makes sampling reproducible")
-    pol.add_argument("--temperature", type=float, help="override responses_create_params.temperature")
+    pol.add_argument("--temperature", type=float,
+                     help=f"override responses_create_params.temperature (local: {LOCAL_DEFAULTS['temperature']:g}, greedy)")
     pol.add_argument("--top-p", type=float, help="override responses_create_params.top_p")
-    pol.add_argument("--max-output-tokens", type=int, metavar="N", help="override responses_create_params.max_output_tokens")
+    pol.add_argument("--max-output-tokens", type=int, metavar="N",
+                     help=f"override responses_create_params.max_output_tokens (local: {LOCAL_DEFAULTS['max_output_tokens']})")
     run = p.add_argument_group("run")
     run.add_argument("--num-repeats", type=int, default=_DEFAULTS["num_repeats"], metavar="N", help=f"rollouts per task (default {_DEFAULTS['num_repeats']})")
-    run.add_argument("--concurrency", type=int, default=_DEFAULTS["concurrency"], metavar="N", help=f"rollouts in flight (default {_DEFAULTS['concurrency']})")
+    run.add_argument("--concurrency", type=int, metavar="N",
+                     help=f"rollouts in flight (default {DEFAULT_CONCURRENCY}; {LOCAL_DEFAULTS['concurrency']} with the local policy)")
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
     run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")

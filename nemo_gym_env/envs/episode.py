@@ -111,15 +111,7 @@ class Episode:
         self.last_verify: dict[str, Any] | None = None
         self.error: ServerError | None = None
         self.usage: dict[str, int] | None = None
-
-    def add_usage(self, usage: dict[str, int] | None) -> None:
-        """Add one model call's ``{"input_tokens", "output_tokens"}`` to the episode's ``response.usage``."""
-        if not usage:
-            return
-        if self.usage is None:
-            self.usage = {"input_tokens": 0, "output_tokens": 0}
-        self.usage["input_tokens"] += int(usage.get("input_tokens") or 0)
-        self.usage["output_tokens"] += int(usage.get("output_tokens") or 0)
+        """Token counts summed by :meth:`add_usage`; None until it is called (the response then has no usage)."""
 
     @property
     def tools(self) -> list[Any]:
@@ -128,8 +120,28 @@ class Episode:
 
     @property
     def response(self) -> Response:
-        """The episode so far as a ``Response`` (every model and tool item)."""
-        return make_response(self.trajectory, tools=self.tools)
+        """The episode so far as a ``Response`` (every model and tool item, and the usage when counted)."""
+        return make_response(self.trajectory, tools=self.tools, **self._usage_field())
+
+    def add_usage(self, input_tokens: int, output_tokens: int) -> None:
+        """Count one model call's tokens; the verify body's ``response.usage`` holds the episode's sums.
+
+        Raises:
+            ValueError: a count is negative or not an integer.
+        """
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
+        self.usage = {"input_tokens": usage["input_tokens"] + input_tokens,
+                      "output_tokens": usage["output_tokens"] + output_tokens}
+
+    def _usage_field(self) -> dict[str, Any]:
+        if self.usage is None:
+            return {}
+        return {"usage": {**self.usage, "total_tokens": self.usage["input_tokens"] + self.usage["output_tokens"],
+                          "input_tokens_details": {"cached_tokens": 0},
+                          "output_tokens_details": {"reasoning_tokens": 0}}}
 
     async def start(self) -> tuple[list, dict]:
         """``POST /seed_session`` with the row; the observation is the row's input items.
@@ -269,13 +281,9 @@ class Episode:
         The tool schemas are most of the work of validating a ``Response`` and never change
         within a task; the trajectory is validated every time.
         """
-        response = make_response(self.trajectory).model_dump(mode="json", exclude_none=True, by_alias=True)
+        response = make_response(self.trajectory, **self._usage_field()).model_dump(
+            mode="json", exclude_none=True, by_alias=True)
         response["tools"] = _dumped_tools(self.task["responses_create_params"].get("tools") or [])
-        if self.usage is not None:
-            tokens_in, tokens_out = self.usage["input_tokens"], self.usage["output_tokens"]
-            response["usage"] = {"input_tokens": tokens_in, "input_tokens_details": {"cached_tokens": 0},
-                                 "output_tokens": tokens_out, "output_tokens_details": {"reasoning_tokens": 0},
-                                 "total_tokens": tokens_in + tokens_out}
         return response
 
     def _fail(self, exc: ServerError, observation: list, info: dict[str, Any]) -> StepResult:

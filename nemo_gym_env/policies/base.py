@@ -38,9 +38,11 @@ class PolicyTurn:
     it, is kept per call: ``prompt_token_ids`` is everything the model saw (and must start
     with every token of earlier calls), ``generation_token_ids`` what it produced and
     ``generation_log_probs`` their log-probabilities. :meth:`action` attaches them to the
-    last item, where NeMo Gym and NeMo RL expect them. ``usage`` is the call's token counts,
-    ``{"input_tokens": ..., "output_tokens": ...}``, when the policy knows them; a rollout sums
-    them into its ``response.usage``.
+    last item, where NeMo Gym and NeMo RL expect them.
+
+    ``input_tokens`` and ``output_tokens`` count this call's prompt and generated tokens (0 when
+    the policy has no model, or its endpoint did not say); rollouts sum them over an episode
+    into the verify body's ``response.usage``.
     """
 
     items: list[dict[str, Any]]
@@ -48,7 +50,8 @@ class PolicyTurn:
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
     text: str | None = None
-    usage: dict[str, int] | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def action(self) -> list[dict[str, Any]]:
         """The items to pass to ``env.step``, token data on the last one when present."""

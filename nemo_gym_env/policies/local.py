@@ -21,11 +21,26 @@ distribution it was actually sampled from: the log-softmax of the processed scor
 (``output_scores``), i.e. logits divided by the temperature and cut by top-p. With
 temperature 0 (greedy) it is the log-softmax of the raw logits.
 
-Prompt building and generation run in a worker thread (``asyncio.to_thread``), one turn at a
-time per policy, so the event loop stays free while concurrent episodes wait their turn. Each
-turn prefills its whole prompt (no key/value cache is kept between turns). With ``seed`` set,
-call n of the policy samples with seed ``seed + n``: two policies with the same seed given the
-same requests in the same order produce the same tokens.
+Concurrency: turns of concurrent episodes are generated together. Prompt building runs in a
+worker thread (``asyncio.to_thread``, one at a time: the tokenizer is not safe to share), then
+the prompt joins the queue of a :class:`~nemo_gym_env.policies.batching.BatchGenerator`, whose
+one thread decodes the running turns together (up to ``max_batch_size``): an arriving prompt is
+prefilled on its own and joins the batch between decoding steps, a finished turn leaves it at
+once, and each row keeps its own sampling settings, budget and end-of-turn stop (models whose
+cache cannot be rearranged run fixed batches through ``model.generate``). Each turn gets back exactly its own tokens, so the token invariant holds
+as for a turn generated alone, and the event loop stays free throughout. The key/value states
+of finished turns are kept (``prefix_cache_mb``), so a turn computes only the tokens its
+episode added since its previous turn. A model that raises fails the turns of that batch only
+(``PolicyError`` with the cause).
+
+Reproducibility: temperature 0 is greedy; batched, it gives the tokens it gives alone (see
+:mod:`~nemo_gym_env.policies.batching` for the float-rounding caveat). With ``seed`` set, the
+n-th call to :meth:`LocalPolicy.generate` samples with its own generator seeded ``seed + n``,
+whichever turns share its batch: two policies with the same seed given the same requests in
+the same order produce the same tokens, one at a time or concurrently.
+
+Usage: each turn carries ``input_tokens`` (the prompt's length) and ``output_tokens`` (the
+generated tokens), which rollouts sum into the verify body's ``response.usage``.
 
 Example (the first use downloads 93 MB and writes about 640 MB to the cache)::
 
@@ -37,6 +52,7 @@ Example (the first use downloads 93 MB and writes about 640 MB to the cache)::
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -45,10 +61,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_gym_env.errors import NoContinuation
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.policies.batching import BatchGenerator, Generation, GenerationRequest
 from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 from nemo_gym_env.policies.render import ChatRenderer
@@ -60,6 +75,7 @@ __all__ = ["LocalPolicy"]
 log = logging.getLogger(__name__)
 
 _RECENT_TURNS = 4096
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class LocalPolicy(Policy):
@@ -74,9 +90,17 @@ class LocalPolicy(Policy):
             else 512.
         temperature: Sampling temperature (0 is greedy); None takes the task's, else 1.0.
         top_p: Nucleus sampling; None takes the task's, else 1.0.
-        seed: Makes sampling reproducible (see the module docstring); None uses torch's global
-            generator.
+        seed: Makes sampling reproducible (see the module docstring); None draws each call's seed
+            from torch's global generator.
         dtype: Weights' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        max_batch_size: Turns generated together in one ``model.generate`` call.
+        batch_wait_s: A batch starts once no turn has arrived for this long and none is being
+            prepared (at most a second after its first turn).
+        num_threads: torch intra-op threads for generation; None: every CPU this process may
+            use, unless ``OMP_NUM_THREADS`` is set (Ray sets it per worker), which then stands.
+        prefix_cache_mb: Memory for the key/value states of finished turns, so that a prompt
+            extending one (the episode's next turn, another rollout of the same task) computes
+            only its new tokens; 0 turns it off.
 
     Attributes:
         load_seconds: How long loading the tokenizer and model took (provisioning included).
@@ -98,6 +122,10 @@ class LocalPolicy(Policy):
         top_p: float | None = None,
         seed: int | None = None,
         dtype: str = "float32",
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.05,
+        num_threads: int | None = None,
+        prefix_cache_mb: float = 1024,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,6 +133,8 @@ class LocalPolicy(Policy):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         started = time.perf_counter()
@@ -116,8 +146,7 @@ class LocalPolicy(Policy):
         else:
             source, kwargs, label = model_path, {}, str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-        self.model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         self.load_seconds = time.perf_counter() - started
         self.device = device
         self.max_new_tokens = max_new_tokens
@@ -130,9 +159,15 @@ class LocalPolicy(Policy):
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._end_ids)
         self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        self._lock = threading.Lock()
-        self._calls = 0
+        self._lock = threading.Lock()  # the tokenizer and the recent-turns cache
+        self._count_lock = threading.Lock()
+        self._calls = itertools.count()
+        self._preparing = 0  # turns whose prompt is being built: the next batch waits for them
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
+                                       max_batch_size=max_batch_size, wait_s=batch_wait_s,
+                                       preparing=lambda: self._preparing,
+                                       num_threads=num_threads, prefix_cache_mb=prefix_cache_mb, name=self.name)
         log.info("loaded %s on %s in %.1f s", label, device, self.load_seconds)
 
     def _end_of_turn_ids(self) -> set[int]:
@@ -203,57 +238,59 @@ class LocalPolicy(Policy):
             budget = min(budget, room)
         return float(1.0 if temperature is None else temperature), float(1.0 if top_p is None else top_p), int(budget)
 
-    def _sample(self, prompt: list[int], temperature: float, top_p: float,
-                max_new_tokens: int) -> tuple[list[int], list[float], float]:
-        from transformers import GenerationConfig
-
-        sample = temperature > 0
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=sorted(self._end_ids),
-            pad_token_id=self._pad_id, output_scores=True, return_dict_in_generate=True,
-            **({"temperature": temperature, "top_p": top_p, "top_k": 0} if sample else {}),
-        )
-        inputs = torch.tensor([prompt], device=self.model.device)
-        seed = None if self.seed is None else self.seed + self._calls
-        self._calls += 1
-        devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.inference_mode():
-            if seed is not None:
-                torch.manual_seed(seed)
-            started = time.perf_counter()
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
-            elapsed = time.perf_counter() - started
-        generated = out.sequences[0, len(prompt):]
-        scores = torch.stack(out.scores)[:, 0, :].float()
-        log_probs = torch.log_softmax(scores, dim=-1).gather(1, generated[:, None]).squeeze(1)
-        return generated.tolist(), log_probs.tolist(), elapsed
-
-    def _turn(self, request: PolicyRequest) -> PolicyTurn:
-        # One turn at a time per model; the tokenizer is not safe to share between threads either.
+    def _prepare(self, request: PolicyRequest) -> tuple[list[int], float, float, int]:
         with self._lock:
             prompt = self.prompt_token_ids(request)
-            temperature, top_p, budget = self._settings(request, len(prompt))
-            generated, log_probs, elapsed = self._sample(prompt, temperature, top_p, budget)
+        return (prompt, *self._settings(request, len(prompt)))
+
+    def _finish(self, prompt: list[int], generation: Generation) -> PolicyTurn:
+        generated, log_probs = generation.token_ids, generation.log_probs
+        with self._lock:
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             items = parse_model_text(text, id_prefix=uuid.uuid4().hex[:12])
             if not items:  # the token data needs an item to ride on
                 items = [{"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant",
                           "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]}]
             self._remember(items[-1]["id"], prompt + generated)
-        log.debug("%s: %d prompt tokens, %d generated in %.2f s (%.1f tokens/s)", self.name, len(prompt),
-                  len(generated), elapsed, len(generated) / elapsed if elapsed else float("inf"))
+        log.debug("%s: %d prompt tokens, %d generated in a batch of %d (%.2f s)", self.name, len(prompt),
+                  len(generated), generation.batch_size, generation.seconds)
         return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generated,
-                          generation_log_probs=log_probs, text=text,
-                          usage={"input_tokens": len(prompt), "output_tokens": len(generated)})
+                          generation_log_probs=log_probs, text=text, input_tokens=len(prompt),
+                          output_tokens=len(generated))
 
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
-        """Generate one turn in a worker thread; see the module docstring for the token data.
+        """Generate one turn, batched with the turns of concurrent calls; see the module docstring.
 
         Raises:
             ValueError: The prompt does not fit the model's context, or the history holds an
                 item the template cannot render.
+            PolicyError: The model failed on this turn's batch, or the policy was closed.
         """
-        return await asyncio.to_thread(self._turn, request)
+        call = next(self._calls)
+        with self._count_lock:
+            self._preparing += 1
+        try:
+            prompt, temperature, top_p, budget = await asyncio.to_thread(self._prepare, request)
+        finally:
+            with self._count_lock:
+                self._preparing -= 1
+        seed = None if self.seed is None else self.seed + call
+        generation = await self._batcher.generate(GenerationRequest(prompt, temperature, top_p, budget, seed))
+        return await asyncio.to_thread(self._finish, prompt, generation)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters so far: batches, rows, batch sizes, prompt tokens (computed, from the prefix cache),
+        generated tokens, seconds in ``generate``; and the threads generation uses."""
+        return {**self._batcher.stats.as_dict(), "threads": self._batcher.num_threads,
+                "prefix_cache_mb": round(self._batcher.prefix_cache.nbytes / (1 << 20), 1)}
+
+    def close(self) -> None:
+        """Stop the generation worker once the turns already queued have run."""
+        self._batcher.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._batcher.close)
 
     def _remember(self, item_id: str, tokens: list[int]) -> None:
         self._recent[item_id] = tokens

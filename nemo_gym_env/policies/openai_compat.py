@@ -32,7 +32,7 @@ Token data: when the endpoint returns it, the turn carries ``prompt_token_ids``,
 replies, the same three fields on output items. ``token_data=True`` asks a vLLM chat
 endpoint for them. Whether each prompt extends the previous one (docs/architecture.md, "The wire") is up to the
 server's tokenization; a policy that sees it broken logs a warning. The reply's ``usage``
-(input and output tokens) rides on the turn (:attr:`PolicyTurn.usage`) into the rollout's
+(input and output tokens) rides on the turn (``PolicyTurn.input_tokens``, ``output_tokens``) into the rollout's
 ``response.usage``.
 
 Example:
@@ -44,12 +44,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
-import random
 import re
-import time
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -66,6 +63,7 @@ from nemo_gym_env.policies.chat import (
     responses_to_chat_messages,
     tools_to_chat,
 )
+from nemo_gym_env.policies.retries import retry_delay, should_retry
 from nemo_gym_env.protocol.items import plain, without_token_fields
 
 try:  # a faster JSON codec when installed; the standard library otherwise
@@ -93,7 +91,6 @@ OPENAI_BASE_URL = "https://api.openai.com/v1"
 _ACTION_TYPES = ("message", "function_call", "reasoning")
 _RESPONSES_SAMPLING = ("temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
                        "tool_choice", "instructions")
-_RETRY_STATUSES = frozenset({408, 409, 429})
 _TAGS = re.compile(r"<[^>]*>")
 _SPACES = re.compile(r"\s+")
 
@@ -183,37 +180,6 @@ def chat_token_data(reply: Mapping[str, Any]) -> tuple[list[int] | None, list[in
     if log_probs is None:
         log_probs = _float_list(message.get("generation_log_probs"))
     return prompt, generation, log_probs
-
-
-def retry_delay(attempt: int, headers: list[tuple[str, str]] | None = None) -> float:
-    """Seconds to wait before retry number ``attempt + 1``: the server's ``Retry-After`` when sane, else backoff.
-
-    ``retry-after-ms`` (milliseconds), then ``Retry-After`` (seconds or an HTTP date) are used
-    when they ask for 0-60 s; otherwise 0.5 s doubling per attempt, at most 8 s, minus up to 25%
-    jitter (the ``openai`` SDK's rule).
-
-    Example:
-        >>> retry_delay(0, [("retry-after", "2")])
-        2.0
-        >>> 0.375 <= retry_delay(0) <= 0.5
-        True
-    """
-    for name, value in headers or ():
-        wait: float | None = None
-        try:
-            if name == "retry-after-ms":
-                wait = float(value) / 1000
-            elif name == "retry-after":
-                try:
-                    wait = float(value)
-                except ValueError:
-                    when = email.utils.parsedate_to_datetime(value)
-                    wait = when.timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            wait = None
-        if wait is not None and 0 <= wait <= 60:
-            return wait
-    return min(0.5 * 2.0 ** attempt, 8.0) * (1 - 0.25 * random.random())
 
 
 class OpenAIPolicy(Policy):
@@ -472,7 +438,7 @@ class OpenAIPolicy(Policy):
                         raise PolicyError(self._redact(
                             f"{self._where()}: malformed reply (not JSON: {exc}; body {_preview(reply.text)}); "
                             "check that base_url points at an OpenAI-compatible /v1 root")) from None
-                if not _should_retry(reply):
+                if not should_retry(reply):
                     raise self._status_error(reply, retried=False)
             else:
                 log.debug("%s: POST %s failed (attempt %d): %s", self._where(), path, attempt + 1,
@@ -542,17 +508,6 @@ class OpenAIPolicy(Policy):
         self._clients.pop(loop, None)
 
 
-def _should_retry(reply: Reply) -> bool:
-    """Whether a non-2xx reply may be retried: the server's ``x-should-retry``, else 408/409/429/5xx."""
-    for name, value in reply.headers:
-        if name == "x-should-retry":
-            if value == "true":
-                return True
-            if value == "false":
-                return False
-    return reply.status_code in _RETRY_STATUSES or reply.status_code >= 500
-
-
 def _error_text(reply: Reply) -> str:
     """The message of an error reply: ``error.message`` of a JSON body, else its text without markup."""
     try:
@@ -603,5 +558,8 @@ def _turn(items: list[dict[str, Any]], prompt: list[int] | None, generation: lis
     if not items:
         items = [{"type": "message", "role": "assistant", "status": "completed",
                   "content": [{"type": "output_text", "text": "", "annotations": []}]}]
+    input_tokens, output_tokens = (usage["input_tokens"], usage["output_tokens"]) if usage else (0, 0)
+    if not (input_tokens or output_tokens) and generation is not None:  # no usage: count the token data
+        input_tokens, output_tokens = len(prompt or []), len(generation)
     return PolicyTurn(items=items, prompt_token_ids=prompt, generation_token_ids=generation,
-                      generation_log_probs=log_probs, usage=usage)
+                      generation_log_probs=log_probs, input_tokens=input_tokens, output_tokens=output_tokens)

@@ -145,6 +145,7 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
             else:
                 turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s)
             items = normalize_action(turn.action(), turn=episode.turn)
+            episode.add_usage(turn.input_tokens, turn.output_tokens)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
@@ -153,7 +154,6 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
             return _failure(job, "policy_error", f"{where} returned an invalid turn: {exc}")
         except Exception as exc:  # noqa: BLE001 - a failing policy fails this rollout, not the run
             return _failure(job, "policy_error", f"{where}: {type(exc).__name__}: {exc}")
-        episode.add_usage(turn.usage)
         await episode.play(items)
     if episode.error is not None or episode.last_verify is None:
         return _failure(job, "server_error", str(episode.error or "the episode ended without a verify reply"))

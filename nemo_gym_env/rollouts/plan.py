@@ -146,6 +146,7 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     cfg = load_run_config(names if launching else [], settings.overrides, settings.env_yaml)
     targets = _targets(settings, names, cfg)
     kind = _policy_kind(settings)
+    settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
     if not targets:  # nothing named, nothing configured: every bundled server
         names = sorted(bundled_servers())
         if kind == "scripted":

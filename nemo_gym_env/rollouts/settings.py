@@ -8,14 +8,22 @@ one directly and hands it to :func:`~nemo_gym_env.rollouts.plan.plan_rollouts`::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nemo_gym_env.errors import UsageError
 
-__all__ = ["DEFAULT_OUTPUT", "RolloutSettings"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "LOCAL_DEFAULTS", "RolloutSettings"]
 
 DEFAULT_OUTPUT = "results/rollouts.jsonl"
 """Where rollout rows go unless ``output`` says otherwise."""
+
+DEFAULT_CONCURRENCY = 8
+"""Rollouts in flight unless ``concurrency`` or the policy says otherwise."""
+
+LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16}
+"""What a run with the local policy uses where the settings leave a value unset: greedy decoding,
+a turn of at most 128 tokens (both override the dataset's, as ``--temperature`` and
+``--max-output-tokens`` do), and 16 rollouts in flight to fill the policy's batches."""
 
 
 @dataclass
@@ -71,8 +79,8 @@ class RolloutSettings:
     # ---- run
     num_repeats: int = 1
     """Rollouts per task."""
-    concurrency: int = 8
-    """Rollouts in flight."""
+    concurrency: int | None = None
+    """Rollouts in flight; None: :data:`DEFAULT_CONCURRENCY`, or the local policy's (:data:`LOCAL_DEFAULTS`)."""
     max_steps: int = 16
     """Model turns per episode."""
     timeout: float = 120.0
@@ -107,6 +115,20 @@ class RolloutSettings:
             raise UsageError(f"--episode-reward must be 'verify' or 'sum', got {self.episode_reward!r}")
         if self.api not in ("responses", "chat"):
             raise UsageError(f"--api must be 'responses' or 'chat', got {self.api!r}")
+
+    def for_policy(self, kind: str) -> RolloutSettings:
+        """These settings with the unset values that depend on the policy kind filled in.
+
+        Example:
+            >>> RolloutSettings().for_policy("local").sampling
+            {'temperature': 0.0, 'max_output_tokens': 128}
+            >>> RolloutSettings(temperature=0.7).for_policy("local").temperature
+            0.7
+            >>> RolloutSettings().for_policy("openai").concurrency
+            8
+        """
+        defaults = LOCAL_DEFAULTS if kind == "local" else {"concurrency": DEFAULT_CONCURRENCY}
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     @property
     def sampling(self) -> dict[str, float | int]:

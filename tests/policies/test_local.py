@@ -133,7 +133,7 @@ def test_generation_does_not_block_the_event_loop(greedy):
 
     ticks, turns = asyncio.run(main())
     assert ticks > 5
-    assert turns[0].generation_token_ids == turns[1].generation_token_ids  # greedy, one at a time
+    assert turns[0].generation_token_ids == turns[1].generation_token_ids  # greedy, decoded together
 
 
 # ---- prompts without generating ----------------------------------------------------------------
@@ -197,5 +197,7 @@ def test_make_policy_local_and_validation(greedy):
     assert isinstance(policy, LocalPolicy) and policy.temperature == 0
     with pytest.raises(ValueError, match="temperature"):
         LocalPolicy(temperature=-1)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        LocalPolicy(dtype="int8")
     with pytest.raises(ValueError, match="unknown policy kind"):
         make_policy("nope")

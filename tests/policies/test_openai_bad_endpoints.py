@@ -41,7 +41,7 @@ def generate(policy: OpenAIPolicy):
 def test_retried_then_answered(openai_base_url, api, knob):
     model = tag(knob)
     turn = generate(OpenAIPolicy(model, base_url=openai_base_url, api=api, max_retries=2))
-    assert turn.items[0]["type"] == "message" and turn.usage["output_tokens"] > 0
+    assert turn.items[0]["type"] == "message" and turn.output_tokens > 0
     assert seen(openai_base_url, model) == 3
 
 

@@ -117,7 +117,7 @@ def test_responses_items_agree_with_the_sdk():
     text = sdk.output_text
     assert turn.items[2]["content"][0]["text"] == text == "Rain."
     assert (turn.prompt_token_ids, turn.generation_token_ids, turn.generation_log_probs) == ([5, 6], [7, 8], [-0.5, -0.25])
-    assert turn.usage == {"input_tokens": sdk.usage.input_tokens, "output_tokens": sdk.usage.output_tokens}
+    assert (turn.input_tokens, turn.output_tokens) == (sdk.usage.input_tokens, sdk.usage.output_tokens)
 
 
 CHAT_REPLY = {
@@ -152,7 +152,7 @@ def test_chat_items_agree_with_the_sdk():
         [(t.id, t.function.name, t.function.arguments) for t in message.tool_calls]
     assert turn.generation_log_probs == [c.logprob for c in sdk.choices[0].logprobs.content]
     assert (turn.prompt_token_ids, turn.generation_token_ids) == tuple(chat_token_data(CHAT_REPLY)[:2]) == ([1, 2, 3], [4, 5])
-    assert turn.usage == {"input_tokens": sdk.usage.prompt_tokens, "output_tokens": sdk.usage.completion_tokens}
+    assert (turn.input_tokens, turn.output_tokens) == (sdk.usage.prompt_tokens, sdk.usage.completion_tokens)
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
@@ -167,11 +167,11 @@ def test_live_replies_agree_with_the_sdk(openai_base_url, api, knob):
         turn, sdk = policy.parse_chat(raw), ChatCompletion.model_validate(raw)
         assert [i["name"] for i in turn.items if i["type"] == "function_call"] == \
             [t.function.name for t in sdk.choices[0].message.tool_calls]
-        assert turn.usage == {"input_tokens": sdk.usage.prompt_tokens, "output_tokens": sdk.usage.completion_tokens}
-        assert turn.usage["output_tokens"] == len(turn.generation_token_ids)
+        assert (turn.input_tokens, turn.output_tokens) == (sdk.usage.prompt_tokens, sdk.usage.completion_tokens)
+        assert turn.output_tokens == len(turn.generation_token_ids)
     else:
         turn, sdk = policy.parse_responses(raw), SDKResponse.model_validate(raw)
         adapter = TypeAdapter(type(sdk).model_fields["output"].annotation)
         assert adapter.validate_python(turn.items) == sdk.output
-        assert reply_usage(raw) == turn.usage == {"input_tokens": sdk.usage.input_tokens,
-                                                  "output_tokens": sdk.usage.output_tokens}
+        assert reply_usage(raw) == {"input_tokens": turn.input_tokens, "output_tokens": turn.output_tokens} == {
+            "input_tokens": sdk.usage.input_tokens, "output_tokens": sdk.usage.output_tokens}

@@ -11,7 +11,12 @@ import pytest
 
 from nemo_gym_env.cli import build_parser
 from nemo_gym_env.errors import NemoGymError, UsageError
-from nemo_gym_env.rollouts.settings import DEFAULT_OUTPUT, RolloutSettings
+from nemo_gym_env.rollouts.settings import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_OUTPUT,
+    LOCAL_DEFAULTS,
+    RolloutSettings,
+)
 
 
 def _rollouts_flags() -> set[str]:
@@ -23,9 +28,19 @@ def _rollouts_flags() -> set[str]:
 def test_defaults_are_valid():
     settings = RolloutSettings()
     assert (settings.output, settings.num_repeats, settings.concurrency, settings.max_steps) == (
-        DEFAULT_OUTPUT, 1, 8, 16)
+        DEFAULT_OUTPUT, 1, None, 16)  # concurrency: the policy's default, filled in by for_policy
     assert (settings.api, settings.timeout, settings.env_yaml) == ("responses", 120.0, "env.yaml")
     assert settings.sampling == {}
+
+
+def test_for_policy_fills_in_only_what_is_unset():
+    assert RolloutSettings().for_policy("openai").concurrency == DEFAULT_CONCURRENCY
+    assert RolloutSettings().for_policy("scripted").sampling == {}
+    local = RolloutSettings().for_policy("local")
+    assert local.concurrency == LOCAL_DEFAULTS["concurrency"]
+    assert local.sampling == {"temperature": 0.0, "max_output_tokens": LOCAL_DEFAULTS["max_output_tokens"]}
+    mine = RolloutSettings(concurrency=3, temperature=0.7, max_output_tokens=9).for_policy("local")
+    assert (mine.concurrency, mine.sampling) == (3, {"temperature": 0.7, "max_output_tokens": 9})
 
 
 def test_sampling_holds_only_the_overrides_that_are_set():
