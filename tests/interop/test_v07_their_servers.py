@@ -143,7 +143,7 @@ OUTCOME = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
 def test_blackjack_is_told_to_be_a_gymnasium_protocol_server(blackjack):
     protocols._KNOWN.pop(blackjack, None)
     found = background_loop().run(protocols.server_traits(ResourcesClient(blackjack)), timeout=60)
-    assert (found.protocol, found.found_by) == ("gymnasium", "openapi")
+    assert (found.protocol, found.found_by) == ("gymnasium", "routes")
 
 
 @pytest.mark.parametrize("hits", [0, 1, 2])

@@ -123,25 +123,38 @@ def test_a_lost_node_loses_no_row(ray_cluster, tmp_path: Path) -> None:
 
 DRIVER = """
 import sys
+import time
 import ray
 from nemo_gym_env.protocol.dataset import load_rows
 from nemo_gym_env.ray_cluster import ray_collect
 from nemo_gym_env.rollouts.output import RolloutWriter
 from tests.ray_cluster.players import TokenPolicyFactory
 
-address, url, tasks, out = sys.argv[1:5]
+address, url, tasks, out, pause_at = *sys.argv[1:5], int(sys.argv[5])
 ray.init(address=address, log_to_driver=False)
 with RolloutWriter(out, resume=True) as writer:
     for row in ray_collect(load_rows(tasks), TokenPolicyFactory("example_multi_step", delay_s=0.05), url,
                            num_workers=2, num_repeats=16, concurrency=4, chunk_size=4, skip=writer.done,
                            timeout_s=300):
         writer.write(row)
+        if len(writer.done) == pause_at:  # the workers play on while the driver waits for its SIGKILL
+            print("paused", flush=True)
+            time.sleep(600)
 """
+
+
+def _first_line(process: subprocess.Popen, timeout_s: float) -> bytes:
+    """The first line ``process`` prints, or ``b""`` if it prints none within ``timeout_s`` (or exits)."""
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return line[0] if line else b""
 
 
 def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_cluster, server_url: str,
                                                                           tmp_path: Path) -> None:
-    """The driver writing ray_collect's rows is SIGKILLed twice mid-run; each rerun skips what is written."""
+    """The driver writing ray_collect's rows is SIGKILLed three times mid-run; each rerun skips what is written."""
     rows = example_rows(SERVER)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -152,25 +165,26 @@ def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_clus
         *complete, _ = out.read_bytes().split(b"\n") if out.exists() else [b""]
         return [json.loads(line) for line in complete if line.strip()]
 
-    # Rows come out in task order, so a slow early rollout holds back the ones after it and they
-    # arrive together: a run can end before a kill point is seen. Enough rows make two kills sure;
-    # a run that ends first must have ended cleanly, and at least two kills must have happened.
+    # Rows come out in task order and can arrive in bursts, so a kill timed by watching the file
+    # can come too late. The driver instead stops after writing its kill point's row and says so;
+    # its Ray workers keep playing their chunks while it is SIGKILLed.
     kills = []
     for kill_at in (5, 30, 55):
-        driver = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=True)
-        deadline = time.monotonic() + 240
-        while driver.poll() is None and len(complete_rows()) < kill_at and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if driver.poll() is not None:
-            stderr = driver.communicate()[1].decode(errors="replace")
-            assert driver.returncode == 0, f"driver exited {driver.returncode}: {stderr[-3000:]}"
-            break
+        log = tmp_path / f"driver{kill_at}.log"
+        with log.open("wb") as stderr:
+            driver = subprocess.Popen([*command, str(kill_at)], env=cli_env(), stdout=subprocess.PIPE,
+                                      stderr=stderr, start_new_session=True)
+        said = _first_line(driver, timeout_s=240)
+        if said != b"paused\n":
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.communicate(timeout=60)
+            pytest.fail(f"driver said {said!r}, exit {driver.returncode}: {log.read_text(errors='replace')[-3000:]}")
         os.killpg(driver.pid, signal.SIGKILL)
         driver.communicate(timeout=60)
         kills.append(len(complete_rows()))
-    assert len(kills) >= 2, f"rows at each kill: {kills}; the runs ended before two kills"
-    finished = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert kills == [5, 30, 55], f"rows at each kill: {kills}"
+    finished = subprocess.run([*command, "0"], env=cli_env(), capture_output=True, text=True, timeout=300,
+                              check=False)
     assert finished.returncode == 0, f"resume exited {finished.returncode}: {finished.stderr[-3000:]}"
     keys = task_keys(rows)
     got = [("server", r["_ng_task_key"], r["_ng_rollout_index"]) for r in complete_rows()]

@@ -111,19 +111,21 @@ def test_a_subset_resume_runs_exactly_the_missing_rows(tmp_path):
     """Killed while the second server plays; resumed naming only that server: its missing rows run."""
     tmp, env = _private_tmp(tmp_path)
     out = tmp_path / "r.jsonl"
-    both = ["example_multi_step", "example_session_state_mgmt", "--policy", "scripted", "--num-repeats", "40",
+    both = ["example_multi_step", "example_session_state_mgmt", "--policy", "scripted", "--num-repeats", "100",
             "-o", str(out), "--no-env-yaml"]
-    _kill_at(both, env, out, 300)
+    # Killed just after the second server's first rows: 500 rows of margin for a slow poll.
+    killed = _kill_at(both, env, out, 510)
     before = Counter(server for server, _, _ in _identities(out))
-    assert before["example_multi_step"] == 200 and before["example_session_state_mgmt"] < 200
+    assert not killed["finished"], "the run ended before it was killed"
+    assert before["example_multi_step"] == 500 and before["example_session_state_mgmt"] < 500
     second = ["example_session_state_mgmt", *both[2:]]
     resumed = _finish(second, env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"200 rollout(s), {200 - before['example_session_state_mgmt']} to run" in resumed.stderr
+    assert f"500 rollout(s), {500 - before['example_session_state_mgmt']} to run" in resumed.stderr
     identities = _identities(out)
-    assert len(identities) == len(set(identities)) == 400
+    assert len(identities) == len(set(identities)) == 1000
     again = _finish(both, env)  # nothing is missing any more, from either server
-    assert again.returncode == 0 and "400 rollout(s), 0 to run" in again.stderr, again.stderr[-2000:]
+    assert again.returncode == 0 and "1000 rollout(s), 0 to run" in again.stderr, again.stderr[-2000:]
     assert _log_folders(tmp) == []
 
 

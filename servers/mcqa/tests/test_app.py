@@ -117,15 +117,17 @@ def _read_all(text: str) -> None:
 
 
 def test_readers_are_linear_on_adversarial_text() -> None:
-    """Adversarial text is read about as fast as plain text of the same length (a ratio taken
-    side by side: quadratic backtracking on 100k characters would be thousands of times slower)."""
+    """Adversarial text is read in linear time, timed against plain text of the same length (a ratio taken
+    side by side: quadratic backtracking on 100k characters would be thousands of times slower).
+    These readers do real work at every ``\\boxed{`` (about 30x plain text on a quiet machine, over
+    50x on a busy one), so the bound is 200: still far below what a quadratic reader scores."""
     for text in [
         "\\boxed{" * 15_000,
         "\\boxed{\\text{" * 8_000 + "}" * 16_000,
         "Answer: " * 12_000,
         "{}" * 50_000,
     ]:
-        assert times_slower_than_plain(_read_all, text[-100_000:]) < 50
+        assert times_slower_than_plain(_read_all, text[-100_000:]) < 200
 
 
 # ---- /verify ----------------------------------------------------------------------------
