@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_env.protocol.parser import render_tool_call
 from nemo_gym_env.servers.badge_lookup.app import TOOL_NAME, badge_number
 
-__all__ = ["KINDS", "SPLITS", "SYSTEM_PROMPT", "TOOL", "main", "make_dataset", "people", "split_of"]
+__all__ = ["KINDS", "SHOTS", "SPLITS", "SYSTEM_PROMPT", "TOOL", "main", "make_dataset", "people", "split_of"]
 
 FIRST = ("Ada Ben Chloe Dev Elena Farid Grace Hugo Ines Jonas Kira Luis Maya Nadia Omar Petra Quinn Rosa "
          "Sami Tara Umar Vera Wen Xavier Yara Zane Aiko Bruno Carmen Dario Esme Felix Gita Hana Ivan Jada "
@@ -45,7 +46,7 @@ SPLITS = ("train", "heldout")
 
 SYSTEM_PROMPT = (
     "You can look up a person's badge number with the lookup_badge tool. Look up every person the "
-    "question names before you answer. End your reply with the final answer as \\boxed{answer}."
+    "question names before you answer, then end your reply with the final answer as \\boxed{answer}."
 )
 """The system message of every row: the prompt a user of this task would write (the tool, the rule, the format)."""
 
@@ -63,6 +64,27 @@ TOOL = {
 }
 
 
+def _shot(question: str, badges: dict[str, int], answer: str) -> list[dict[str, str]]:
+    turns = [{"role": "user", "content": question}]
+    for name, badge in badges.items():
+        output = json.dumps({"name": name, "badge": badge})
+        turns += [{"role": "assistant", "content": render_tool_call(TOOL_NAME, {"name": name})},
+                  {"role": "user", "content": f"<tool_response>\n{output}\n</tool_response>"}]
+    return [*turns, {"role": "assistant", "content": answer}]
+
+
+SHOTS = [
+    *_shot("Who has the larger badge number, Sam Berg or Tom Ruiz?", {"Sam Berg": 415, "Tom Ruiz": 388},
+           "Sam Berg has 415 and Tom Ruiz has 388, so the answer is \\boxed{Sam Berg}."),
+    *_shot("What is the badge number of Lee Park?", {"Lee Park": 123}, "The badge number of Lee Park is \\boxed{123}."),
+]
+"""Worked examples put before the question (``shots=2``): one of each kind, with people outside both splits.
+They are written as the turns the local policy renders (tool calls in ``<tool_call>`` blocks,
+tool replies as ``<tool_response>`` user turns), so a small model sees the exchange it must make."""
+
+_SHOT_ENDS = (0, 6, len(SHOTS))  # SHOTS[:end] holds the first 0, 1 or 2 examples
+
+
 def split_of(name: str) -> str:
     """The split a person belongs to (about half each), fixed by the name."""
     return SPLITS[hashlib.sha256(name.encode("utf-8")).digest()[0] % 2]
@@ -75,7 +97,7 @@ def people(split: str) -> list[str]:
     return [name for name in (f"{first} {family}" for first in FIRST for family in FAMILY) if split_of(name) == split]
 
 
-def _row(kind: str, names: list[str]) -> dict[str, Any]:
+def _row(kind: str, names: list[str], shot_turns: int) -> dict[str, Any]:
     if kind == "single":
         question = f"What is the badge number of {names[0]}?"
         expected = str(badge_number(names[0]))
@@ -84,7 +106,8 @@ def _row(kind: str, names: list[str]) -> dict[str, Any]:
         expected = max(names, key=badge_number)
     return {
         "responses_create_params": {
-            "input": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
+            "input": [{"role": "system", "content": SYSTEM_PROMPT}, *SHOTS[:shot_turns],
+                      {"role": "user", "content": question}],
             "tools": [TOOL],
         },
         "kind": kind,
@@ -93,8 +116,14 @@ def _row(kind: str, names: list[str]) -> dict[str, Any]:
     }
 
 
-def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
-    """``size`` rows of ``split`` (kinds taking turns), the same for the same arguments."""
+def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS,
+                 shots: int = 2) -> list[dict[str, Any]]:
+    """``size`` rows of ``split`` (kinds taking turns), the same for the same arguments.
+
+    ``shots`` (0, 1 or 2) worked examples of :data:`SHOTS` come before each question.
+    """
+    if shots not in (0, 1, 2):
+        raise ValueError(f"shots must be 0, 1 or 2, not {shots}")
     if size < 0:
         raise ValueError(f"size must be >= 0, not {size}")
     unknown = [kind for kind in kinds if kind not in KINDS]
@@ -109,7 +138,7 @@ def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence
             names = rng.sample(pool, 1 if kind == "single" else 2)
             if kind == "single" or badge_number(names[0]) != badge_number(names[1]):
                 break
-        rows.append(_row(kind, names))
+        rows.append(_row(kind, names, _SHOT_ENDS[shots]))
     return rows
 
 
@@ -120,10 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="picks the people (default 0)")
     parser.add_argument("--split", choices=SPLITS, default="train", help="whose names the rows use (default train)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--shots", type=int, default=2, help="worked examples before each question: 0, 1 or 2")
     parser.add_argument("--out", help="JSONL to write (default: standard output)")
     args = parser.parse_args(argv)
     try:
-        rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k])
+        rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots)
     except ValueError as exc:
         parser.error(str(exc))
     text = "".join(json.dumps(row) + "\n" for row in rows)
