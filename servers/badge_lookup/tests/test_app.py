@@ -128,7 +128,7 @@ def test_train_and_heldout_never_share_a_person():
 def test_rows_are_varied_and_balanced():
     rows = make_dataset(400, seed=2, split="heldout")
     assert [r["kind"] for r in rows[:4]] == ["single", "larger", "single", "larger"]
-    assert len({r["responses_create_params"]["input"][1]["content"] for r in rows}) > 300
+    assert len({r["responses_create_params"]["input"][-1]["content"] for r in rows}) > 300
     larger = [r for r in rows if r["kind"] == "larger"]
     first_wins = sum(r["expected_answer"] == r["names"][0] for r in larger) / len(larger)
     assert 0.35 < first_wins < 0.65  # answering the first name does not pay
@@ -136,8 +136,29 @@ def test_rows_are_varied_and_balanced():
     assert make_dataset(10, seed=3, split="heldout") != rows[:10]
 
 
+def test_worked_examples_come_before_the_question_and_name_no_one_of_either_split():
+    from nemo_gym_env.protocol.parser import parse_model_text
+    from nemo_gym_env.servers.badge_lookup.make_dataset import SHOTS
+
+    everyone = set(people("train")) | set(people("heldout"))
+    lengths = []
+    for shots in (0, 1, 2):
+        row = make_dataset(1, seed=0, shots=shots)[0]
+        messages = row["responses_create_params"]["input"]
+        assert messages[0]["role"] == "system" and messages[-1]["content"].startswith("What is the badge")
+        lengths.append(len(messages))
+        assert messages[1:-1] == SHOTS[: len(messages) - 2]
+    assert lengths == [2, 8, 12]  # 1 + (1 + 2 * lookups + 1) per example + 1
+    for message in SHOTS:
+        assert not any(name in message["content"] for name in everyone)
+    turns = [parse_model_text(m["content"]) for m in SHOTS if m["role"] == "assistant"]
+    calls = [[item["name"] for item in items if item["type"] == "function_call"] for items in turns]
+    assert calls == [["lookup_badge"], ["lookup_badge"], [], ["lookup_badge"], []]  # the parser reads them back
+
+
 @pytest.mark.parametrize("arguments", [{"size": -1}, {"size": 2, "split": "test"}, {"size": 2, "kinds": ["sum"]},
-                                       {"size": 2, "kinds": []}])
+                                       {"size": 2, "kinds": []},
+                                       {"size": 2, "shots": 3}])
 def test_bad_generator_arguments_are_refused(arguments):
     with pytest.raises(ValueError):
         make_dataset(**arguments)
