@@ -17,6 +17,8 @@ overrides a few at once. See ``recipes/README.md``.
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,16 @@ class Settings:
     """Save the trained model to ``output_dir``"""
     plot: str | None = None
     """Write the reward curve (PNG) here at the end"""
+    eval_dataset: str | None = None
+    """JSONL of held-out rows, scored greedy by ``nemo-gym-env rollouts --policy local`` before training,
+    every ``eval_every`` steps and with the trained model; a row that is also a training row is refused"""
+    eval_every: int = 0
+    """Optimizer steps between held-out evaluations during training (0: before and after only)"""
+    eval_limit: int | None = None
+    """Only the first N held-out rows"""
+    results: str | None = None
+    """JSON file of held-out results (``recipes/results/heldout.json``): this run's record is added,
+    replacing an earlier one of the same task, model, seed and route"""
 
 
 # The dataclass is the config; the stored entry only adds where Hydra writes its own files.
@@ -100,8 +112,8 @@ def launch_server(args: Settings) -> tuple[Any, dict[str, Any]]:
     return launcher, {"base_url": process.url, "dataset": args.dataset or str(bundled_dataset(server))}
 
 
-def plot_rewards(metrics: list[dict[str, Any]], path: str, title: str) -> None:
-    """Reward per step and its moving average (window 10)."""
+def plot_rewards(metrics: list[dict[str, Any]], path: str, title: str, evals: list[dict[str, Any]] = ()) -> None:
+    """Reward per step, its moving average (window 10) and the held-out evaluations (``evals``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,6 +126,9 @@ def plot_rewards(metrics: list[dict[str, Any]], path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rewards, ".", alpha=0.5, label="mean reward of the step's episodes")
     ax.plot(steps, window, "-", label="moving average (10 steps)")
+    if evals:
+        ax.plot([e["step"] for e in evals], [e["reward"] for e in evals], "s--", color="black",
+                label=f"held-out, greedy ({evals[-1]['rollouts']} rows)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("/verify reward")
     ax.set_title(title)
@@ -121,6 +136,68 @@ def plot_rewards(metrics: list[dict[str, Any]], path: str, title: str) -> None:
     ax.legend()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def server_name(env_id: str) -> str:
+    """``NemoGym/<server>-v0`` -> ``<server>``."""
+    return env_id.split("/")[-1].rsplit("-v", 1)[0]
+
+
+def check_disjoint(train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]]) -> None:
+    """Refuse held-out rows that are also training rows (same content, bookkeeping fields aside)."""
+    from nemo_gym_env.rollouts.identity import task_key
+
+    train = {task_key(row) for row in train_rows}
+    shared = sum(task_key(row) in train for row in eval_rows)
+    if shared:
+        raise ValueError(f"{shared} of the {len(eval_rows)} held-out rows are also training rows: "
+                         "a held-out set must share no row with the training set")
+
+
+def heldout_eval(model_dir: str, args: "Settings", step: int, work_dir: Path, base_url: str | None) -> dict[str, Any]:
+    """Score ``model_dir`` on the held-out rows: ``nemo-gym-env rollouts`` with the local policy, greedy.
+
+    Returns ``{"step", "reward", "rollouts", "failed", "seconds"}``; ``reward`` is the mean over
+    every held-out row, a failed rollout counting 0.
+    """
+    out = work_dir / f"heldout_step{step}.jsonl"
+    target = ["--server-url", base_url] if base_url else [server_name(args.env)]
+    command = [sys.executable, "-m", "nemo_gym_env.cli", "rollouts", *target, "--input", str(args.eval_dataset),
+               "--policy", "local", "--model", model_dir, "--temperature", "0", "--seed", str(args.seed),
+               "--max-steps", str(args.max_turns),
+               "--max-output-tokens", str(args.max_turn_tokens or args.max_completion_length),
+               "-o", str(out), "--no-env-yaml",
+               *(["--limit", str(args.eval_limit)] if args.eval_limit else [])]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 1):  # 1: some rollouts failed (they count 0)
+        raise RuntimeError(f"held-out evaluation exited {done.returncode}: {done.stderr[-3000:]}")
+    from nemo_gym_env.protocol.dataset import load_rows
+    from nemo_gym_env.rollouts.output import failures_path
+
+    rows = load_rows(out) if out.exists() else []
+    failed = len(load_rows(failures_path(out))) if failures_path(out).exists() else 0
+    total = len(rows) + failed
+    if total == 0:
+        raise RuntimeError(f"held-out evaluation wrote no rollout: {done.stderr[-3000:]}")
+    reward = sum(float(row.get("reward") or 0.0) for row in rows) / total
+    result = {"step": step, "reward": round(reward, 4), "rollouts": total, "failed": failed,
+              "seconds": round(time.perf_counter() - started, 1)}
+    print(f"held-out after step {step}: reward {reward:.3f} on {total} rows ({failed} failed), "
+          f"{result['seconds']:.0f} s")
+    return result
+
+
+def record_heldout(path: str, record: dict[str, Any]) -> None:
+    """Add ``record`` to the JSON results file, replacing one of the same task, model, seed and route."""
+    target = Path(path)
+    runs = json.loads(target.read_text())["runs"] if target.exists() else []
+    same = lambda run: all(run.get(key) == record[key] for key in ("task", "model", "seed", "route"))
+    runs = [run for run in runs if not same(run)] + [record]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    partial.replace(target)
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="trl_grpo")
@@ -155,6 +232,12 @@ def main(cfg: DictConfig) -> None:
     rollout = nemo_gym_rollout_func(args.env, max_turns=args.max_turns, max_turn_tokens=args.max_turn_tokens,
                                     **env_kwargs)
     print(f"{args.env}: {len(tasks)} tasks")
+    if args.eval_dataset:
+        from nemo_gym_env.adapters.trl.tasks import env_rows
+        from nemo_gym_env.protocol.dataset import load_rows
+
+        eval_rows = load_rows(args.eval_dataset)[: args.eval_limit or None]
+        check_disjoint(env_rows(args.env, **{k: v for k, v in env_kwargs.items() if k == "dataset"}), eval_rows)
 
     # 2. The model: the embedded default unless told otherwise.
     model_path = args.model or str(default_model_dir())
@@ -185,12 +268,26 @@ def main(cfg: DictConfig) -> None:
         seed=args.seed,
     )
     metrics: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    eval_dir = output_dir / "heldout"
+
+    def evaluate(current_model: Any, step: int) -> None:
+        """Held-out score of the model as it is now (saved where the evaluation loads it from)."""
+        if step == 0:
+            evals.append(heldout_eval(model_path, args, 0, eval_dir, env_kwargs.get("base_url")))
+            return
+        current_model.save_pretrained(eval_dir / "model")
+        tokenizer.save_pretrained(eval_dir / "model")
+        evals.append(heldout_eval(str(eval_dir / "model"), args, step, eval_dir, env_kwargs.get("base_url")))
 
     class RecordMetrics(TrainerCallback):
         """Append each step's logs to metrics.jsonl and print a line."""
 
         def __init__(self) -> None:
             self.last = time.perf_counter()
+
+        def on_train_begin(self, _args, state, control, **kwargs):
+            self.last = time.perf_counter()  # the held-out evaluation before training is not step 1's time
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if not logs or "reward" not in logs:  # the end-of-training summary
@@ -205,6 +302,12 @@ def main(cfg: DictConfig) -> None:
             print(f"step {state.global_step:4d}  reward {number('reward'):.3f}  turns {number('env/num_turns'):.2f}  "
                   f"failed {number('env/failed'):.2f}  {row['seconds']:.1f} s")
 
+        def on_step_end(self, _args, state, control, model=None, **kwargs):
+            if args.eval_dataset and args.eval_every and state.global_step % args.eval_every == 0 \
+                    and state.global_step < args.steps:
+                evaluate(model, state.global_step)
+                self.last = time.perf_counter()  # the evaluation is not the next step's time
+
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[env_reward],
@@ -215,7 +318,12 @@ def main(cfg: DictConfig) -> None:
         callbacks=[RecordMetrics()],
     )
     try:
+        if args.eval_dataset:
+            eval_dir.mkdir(parents=True, exist_ok=True)
+            evaluate(model, 0)
         trainer.train()
+        if args.eval_dataset:
+            evaluate(trainer.model, trainer.state.global_step)
     finally:
         rollout.close()
         if launcher is not None:
@@ -224,14 +332,32 @@ def main(cfg: DictConfig) -> None:
     # 4. Results.
     if args.save_model:
         trainer.save_model(str(output_dir))
+    mean = lambda rows: sum(r["reward"] or 0.0 for r in rows) / len(rows)
     if metrics:
         first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
-        mean = lambda rows: sum(r["reward"] or 0.0 for r in rows) / len(rows)
         seconds = [r["seconds"] for r in metrics[1:]] or [metrics[0]["seconds"]]
         print(f"mean reward: first {len(first)} steps {mean(first):.3f}, last {len(last)} steps {mean(last):.3f}; "
               f"{sum(seconds) / len(seconds):.1f} s/step")
+    if evals:
+        before, after = evals[0]["reward"], evals[-1]["reward"]
+        print(f"held-out reward: before {before:.3f}, after {after:.3f} ({after - before:+.3f}) "
+              f"on {evals[0]['rollouts']} rows")
+        if args.results:
+            seconds = [r["seconds"] for r in metrics]
+            record_heldout(args.results, {
+                "task": server_name(args.env), "model": args.model or DEFAULT_MODEL_NAME, "seed": args.seed,
+                "steps": trainer.state.global_step, "train_rows": len(tasks), "heldout_rows": evals[0]["rollouts"],
+                "before": before, "after": after, "route": "rollout_func", "evals": evals,
+                "train_reward_first_10": mean(metrics[:10]) if metrics else None,
+                "train_reward_last_10": mean(metrics[-10:]) if metrics else None,
+                "seconds_per_step": round(sum(seconds) / len(seconds), 1) if seconds else None,
+                "settings": {key: getattr(args, key) for key in (
+                    "learning_rate", "num_generations", "batch_size", "max_turns", "max_completion_length",
+                    "max_turn_tokens", "temperature", "beta")},
+            })
+            print(f"held-out results: {args.results}")
     if args.plot and metrics:
-        plot_rewards(metrics, args.plot, f"GRPO on {args.env} ({args.model or DEFAULT_MODEL_NAME})")
+        plot_rewards(metrics, args.plot, f"GRPO on {args.env} ({args.model or DEFAULT_MODEL_NAME})", evals)
         print(f"reward curve: {args.plot}")
 
 

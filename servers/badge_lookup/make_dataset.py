@@ -1,0 +1,169 @@
+"""Write ``badge_lookup`` rows from a seed, with train and held-out rows disjoint by construction.
+
+Example:
+    >>> train = make_dataset(50, seed=0, split="train")
+    >>> heldout = make_dataset(50, seed=0, split="heldout")
+    >>> {n for r in train for n in r["names"]} & {n for r in heldout for n in r["names"]}
+    set()
+    >>> make_dataset(3, seed=7) == make_dataset(3, seed=7)
+    True
+
+From a shell::
+
+    python -m nemo_gym_env.servers.badge_lookup.make_dataset --size 1000 --seed 0 --split train --out train.jsonl
+    python -m nemo_gym_env.servers.badge_lookup.make_dataset --size 200 --seed 1 --split heldout --out heldout.jsonl
+
+Names are a first name and a family name from fixed lists (1,600 people). Every person
+belongs to one split, by a hash of the name, so no held-out row names anyone a train row
+names: a model cannot score on held-out rows by remembering train rows' numbers. Rows take
+turns between the kinds asked for (``single``, ``larger``); ``seed`` picks the people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_env.protocol.parser import render_tool_call
+from nemo_gym_env.servers.badge_lookup.app import TOOL_NAME, badge_number
+
+__all__ = ["KINDS", "SHOTS", "SPLITS", "SYSTEM_PROMPT", "TOOL", "main", "make_dataset", "people", "split_of"]
+
+FIRST = ("Ada Ben Chloe Dev Elena Farid Grace Hugo Ines Jonas Kira Luis Maya Nadia Omar Petra Quinn Rosa "
+         "Sami Tara Umar Vera Wen Xavier Yara Zane Aiko Bruno Carmen Dario Esme Felix Gita Hana Ivan Jada "
+         "Kofi Lena Milo Noor").split()
+FAMILY = ("Moreau Okafor Silva Tanaka Novak Haddad Lindqvist Mensah Rossi Kowalski Nguyen Petrov Ibarra "
+          "Schmidt Dubois Costa Yilmaz Fischer Adeyemi Larsen Moreno Sato Varga Khan Olsen Ricci Bauer "
+          "Santos Ivanova Mbeki Quist Reyes Holm Ortiz Kaur Weber Abe Lund Navarro Popescu").split()
+KINDS = ("single", "larger")
+SPLITS = ("train", "heldout")
+
+SYSTEM_PROMPT = (
+    "You can look up a person's badge number with the lookup_badge tool. Look up every person the "
+    "question names before you answer, then end your reply with the final answer as \\boxed{answer}."
+)
+"""The system message of every row: the prompt a user of this task would write (the tool, the rule, the format)."""
+
+TOOL = {
+    "type": "function",
+    "name": TOOL_NAME,
+    "description": "Look up a person's badge number. Returns a JSON object with the name and the badge number.",
+    "parameters": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "description": "The person's full name, e.g. 'Ada Moreau'."}},
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def _shot(question: str, badges: dict[str, int], answer: str) -> list[dict[str, str]]:
+    turns = [{"role": "user", "content": question}]
+    for name, badge in badges.items():
+        output = json.dumps({"name": name, "badge": badge})
+        turns += [{"role": "assistant", "content": render_tool_call(TOOL_NAME, {"name": name})},
+                  {"role": "user", "content": f"<tool_response>\n{output}\n</tool_response>"}]
+    return [*turns, {"role": "assistant", "content": answer}]
+
+
+SHOTS = [
+    *_shot("Who has the larger badge number, Sam Berg or Tom Ruiz?", {"Sam Berg": 415, "Tom Ruiz": 388},
+           "Sam Berg has 415 and Tom Ruiz has 388, so the answer is \\boxed{Sam Berg}."),
+    *_shot("What is the badge number of Lee Park?", {"Lee Park": 123}, "The badge number of Lee Park is \\boxed{123}."),
+]
+"""Worked examples put before the question (``shots=2``): one of each kind, with people outside both splits.
+They are written as the turns the local policy renders (tool calls in ``<tool_call>`` blocks,
+tool replies as ``<tool_response>`` user turns), so a small model sees the exchange it must make."""
+
+_SHOT_ENDS = (0, 6, len(SHOTS))  # SHOTS[:end] holds the first 0, 1 or 2 examples
+
+
+def split_of(name: str) -> str:
+    """The split a person belongs to (about half each), fixed by the name."""
+    return SPLITS[hashlib.sha256(name.encode("utf-8")).digest()[0] % 2]
+
+
+def people(split: str) -> list[str]:
+    """Everyone in ``split``, in a fixed order."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+    return [name for name in (f"{first} {family}" for first in FIRST for family in FAMILY) if split_of(name) == split]
+
+
+def _row(kind: str, names: list[str], shot_turns: int) -> dict[str, Any]:
+    if kind == "single":
+        question = f"What is the badge number of {names[0]}?"
+        expected = str(badge_number(names[0]))
+    else:
+        question = f"Who has the larger badge number, {names[0]} or {names[1]}?"
+        expected = max(names, key=badge_number)
+    return {
+        "responses_create_params": {
+            "input": [{"role": "system", "content": SYSTEM_PROMPT}, *SHOTS[:shot_turns],
+                      {"role": "user", "content": question}],
+            "tools": [TOOL],
+        },
+        "kind": kind,
+        "names": names,
+        "expected_answer": expected,
+    }
+
+
+def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS,
+                 shots: int = 2) -> list[dict[str, Any]]:
+    """``size`` rows of ``split`` (kinds taking turns), the same for the same arguments.
+
+    ``shots`` (0, 1 or 2) worked examples of :data:`SHOTS` come before each question.
+    """
+    if shots not in (0, 1, 2):
+        raise ValueError(f"shots must be 0, 1 or 2, not {shots}")
+    if size < 0:
+        raise ValueError(f"size must be >= 0, not {size}")
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be some of {KINDS}, not {list(kinds)}")
+    pool = people(split)
+    rng = random.Random(f"badge_lookup/{split}/{seed}")
+    rows = []
+    for index in range(size):
+        kind = kinds[index % len(kinds)]
+        while True:
+            names = rng.sample(pool, 1 if kind == "single" else 2)
+            if kind == "single" or badge_number(names[0]) != badge_number(names[1]):
+                break
+        rows.append(_row(kind, names, _SHOT_ENDS[shots]))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nemo_gym_env.servers.badge_lookup.make_dataset",
+                                     description="Write badge_lookup rows from a seed.")
+    parser.add_argument("--size", type=int, required=True, help="number of rows")
+    parser.add_argument("--seed", type=int, default=0, help="picks the people (default 0)")
+    parser.add_argument("--split", choices=SPLITS, default="train", help="whose names the rows use (default train)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--shots", type=int, default=2, help="worked examples before each question: 0, 1 or 2")
+    parser.add_argument("--out", help="JSONL to write (default: standard output)")
+    args = parser.parse_args(argv)
+    try:
+        rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots)
+    except ValueError as exc:
+        parser.error(str(exc))
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
