@@ -121,6 +121,7 @@ def test_a_lost_node_loses_no_row(ray_cluster, tmp_path: Path) -> None:
         ray_cluster.wait_nodes(2, 180)
 
 
+PAUSED = b"NEMO_GYM_ENV_TEST_PAUSED"
 DRIVER = """
 import sys
 import time
@@ -138,18 +139,27 @@ with RolloutWriter(out, resume=True) as writer:
                            timeout_s=300):
         writer.write(row)
         if len(writer.done) == pause_at:  # the workers play on while the driver waits for its SIGKILL
-            print("paused", flush=True)
+            print("NEMO_GYM_ENV_TEST_PAUSED", flush=True)
             time.sleep(600)
 """
 
 
-def _first_line(process: subprocess.Popen, timeout_s: float) -> bytes:
-    """The first line ``process`` prints, or ``b""`` if it prints none within ``timeout_s`` (or exits)."""
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return line[0] if line else b""
+def _wait_for_line(process: subprocess.Popen, marker: bytes, timeout_s: float) -> tuple[bool, list[bytes]]:
+    """Whether ``process`` prints the line ``marker`` within ``timeout_s``, and the lines it printed
+    (Ray writes its own notices to the driver's standard output too)."""
+    lines: list[bytes] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if line.strip() == marker:
+                seen.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    seen.wait(timeout_s)
+    return seen.is_set(), lines
 
 
 def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_cluster, server_url: str,
@@ -174,13 +184,15 @@ def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_clus
         with log.open("wb") as stderr:
             driver = subprocess.Popen([*command, str(kill_at)], env=cli_env(), stdout=subprocess.PIPE,
                                       stderr=stderr, start_new_session=True)
-        said = _first_line(driver, timeout_s=240)
-        if said != b"paused\n":
+        paused, said = _wait_for_line(driver, PAUSED, timeout_s=240)
+        if not paused:
             os.killpg(driver.pid, signal.SIGKILL)
-            driver.communicate(timeout=60)
+            driver.wait(timeout=60)
+            driver.stdout.close()
             pytest.fail(f"driver said {said!r}, exit {driver.returncode}: {log.read_text(errors='replace')[-3000:]}")
         os.killpg(driver.pid, signal.SIGKILL)
-        driver.communicate(timeout=60)
+        driver.wait(timeout=60)
+        driver.stdout.close()
         kills.append(len(complete_rows()))
     assert kills == [5, 30, 55], f"rows at each kill: {kills}"
     finished = subprocess.run([*command, "0"], env=cli_env(), capture_output=True, text=True, timeout=300,
