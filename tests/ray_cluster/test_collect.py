@@ -28,10 +28,18 @@ pytestmark = pytest.mark.slow
 SERVER = "example_multi_step"
 
 
+def _head_node() -> str:
+    import ray
+
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+
+
 @pytest.fixture(scope="module")
 def server_url(ray_cluster) -> Iterator[str]:
+    # On the head node: test_a_lost_node_loses_no_row kills the worker node, and the tests after it
+    # use this server too.
     with RayLauncher(host="127.0.0.1") as launcher:
-        yield launcher.start(bundled_spec(SERVER)).url
+        yield launcher.start(bundled_spec(SERVER), node_id=_head_node()).url
 
 
 def _keys(rows: list[dict]) -> list[tuple[int, int]]:
@@ -100,10 +108,9 @@ def test_every_worker_dying_names_the_rows_left(server_url: str, tmp_path: Path)
 
 def test_a_lost_node_loses_no_row(ray_cluster, tmp_path: Path) -> None:
     """The worker node's processes are killed mid-collection (a lost machine); its rollouts re-run on the head."""
-    import ray
 
     rows = example_rows(SERVER)
-    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    head = _head_node()
     worker_node = ray_cluster.nodes[1]
     try:
         with RayLauncher(host="127.0.0.1") as launcher:
@@ -148,18 +155,18 @@ def _wait_for_line(process: subprocess.Popen, marker: bytes, timeout_s: float) -
     """Whether ``process`` prints the line ``marker`` within ``timeout_s``, and the lines it printed
     (Ray writes its own notices to the driver's standard output too)."""
     lines: list[bytes] = []
-    seen = threading.Event()
+    stop = threading.Event()  # the marker came, or the output ended (the process exited)
 
     def read() -> None:
         for line in process.stdout:
             lines.append(line)
             if line.strip() == marker:
-                seen.set()
-                return
+                break
+        stop.set()
 
     threading.Thread(target=read, daemon=True).start()
-    seen.wait(timeout_s)
-    return seen.is_set(), lines
+    stop.wait(timeout_s)
+    return bool(lines) and lines[-1].strip() == marker, lines
 
 
 def test_a_killed_ray_collect_driver_resumes_with_nothing_lost_or_twice(ray_cluster, server_url: str,
