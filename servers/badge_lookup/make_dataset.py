@@ -16,7 +16,8 @@ From a shell::
 Names are a first name and a family name from fixed lists (1,600 people). Every person
 belongs to one split, by a hash of the name, so no held-out row names anyone a train row
 names: a model cannot score on held-out rows by remembering train rows' numbers. Rows take
-turns between the kinds asked for (``single``, ``larger``); ``seed`` picks the people.
+turns between the kinds asked for (``single``, ``larger``); ``seed`` picks the people. Each
+row's input is :data:`SYSTEM_PROMPT`, ``shots`` worked examples (:data:`SHOTS`) and the question.
 """
 
 from __future__ import annotations
