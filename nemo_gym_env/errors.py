@@ -18,7 +18,8 @@ Which side raises what:
 - the env and its user: :class:`ActionError` (a model turn the env cannot read),
   :class:`ServerError` (a resources server failed or answered unusably); below it, the
   transport's :class:`ConnectFailed` and :class:`TransportError`;
-- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout`;
+- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout`,
+  :class:`McpError` (an MCP call failed, either way);
 - configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
   :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
 - data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
@@ -41,6 +42,7 @@ __all__ = [
     "ConnectFailed",
     "DatasetError",
     "LaunchError",
+    "McpError",
     "ModelProvisionError",
     "NoContinuation",
     "PageRequestError",
@@ -111,6 +113,18 @@ class SessionLostError(NemoGymError):
 
 class TaskTimeout(NemoGymError):
     """A task did not finish within its time limit; the worker that ran it was stopped."""
+
+
+class McpError(NemoGymError, RuntimeError):
+    """An MCP call failed, either way: an MCP server behind a resources server did not start, did not
+    answer in time, or exited; or a call of an MCP client's episode could not be made. ``gone`` is
+    True when the connection to the MCP server is closed for good (the episode cannot go on);
+    ``timed_out`` when the call got no answer in time."""
+
+    def __init__(self, message: str, *, gone: bool = False, timed_out: bool = False):
+        super().__init__(message)
+        self.gone = gone
+        self.timed_out = timed_out
 
 
 # ---- configs, launching, the catalog ----------------------------------------------------------

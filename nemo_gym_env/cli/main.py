@@ -70,11 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         "+head_server.port=0 for a free port) serving GET /servers and GET /global_config_dict_yaml "
         "(secrets redacted). Ctrl-C or SIGTERM stops everything."),
         epilog=f'examples:\n  {PROG} serve example_multi_step\n  {PROG} serve "+config_paths=[a.yaml,b.yaml]" '
-        "+head_server.port=0",
+        f"+head_server.port=0\n  {PROG} serve example_multi_step --mcp        # MCP clients at <url>/mcp",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
     p.add_argument("--log-dir", metavar="DIR", help="keep server logs here (default: a temporary folder)")
+    p.add_argument("--mcp", action="store_true",
+                   help="also serve each resources server's tools over MCP at <url>/mcp (needs the mcp extra; "
+                        "a bundled server's example tasks are the task list MCP clients name by index)")
     add_env_yaml(p)
     p.set_defaults(run="nemo_gym_env.cli.serve:cmd_serve")
 

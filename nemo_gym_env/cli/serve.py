@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
 
 from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.config import other_instances, server_specs
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.launch.config import ServerSpec, other_instances, server_specs
 from nemo_gym_env.launch.head import HeadServer, head_address
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.launch.net import is_loopback
 from nemo_gym_env.launch.signals import Stopped, sigterm_raises
 from nemo_gym_env.rollouts.plan import load_run_config
 
-__all__ = ["cmd_serve"]
+__all__ = ["cmd_serve", "with_mcp"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -28,6 +30,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(
             "nothing to serve: name bundled servers (see `nemo-gym-env list`) or pass \"+config_paths=[...]\""
         )
+    if getattr(args, "mcp", False):
+        specs = [with_mcp(spec) for spec in specs]
     for name, stype in other_instances(cfg):
         say(f"not starting {name!r} ({stype}): nemo-gym-env plays the agent and the model itself (`rollouts`)")
     host, port = head_address(cfg)
@@ -44,7 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             elapsed = time.monotonic() - started
             width = max(len("head_server"), *(len(p.name) for p in head.processes))
             lines = [f"{PROG}: {len(head.processes)} server(s) ready in {elapsed:.2f} s"]
-            lines += [f"  {p.name:<{width}}  {p.url}" for p in head.processes]
+            mcp = "  (MCP: {}/mcp)" if getattr(args, "mcp", False) else ""
+            lines += [f"  {p.name:<{width}}  {p.url}{mcp.format(p.url)}" for p in head.processes]
             lines.append(f"  {'head_server':<{width}}  {head.url}  (GET /servers, GET /global_config_dict_yaml)")
             lines.append(f"logs: {launcher.log_dir}" + ("" if args.log_dir else " (removed on exit)"))
             lines.append(f"rollouts against them: {PROG} rollouts --head-url {head.url} --policy ...")
@@ -61,3 +66,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 head.stop()
             if launcher is not None:
                 launcher.close()
+
+
+def with_mcp(spec: ServerSpec) -> ServerSpec:
+    """``spec`` serving its tools over MCP too; a bundled server's example tasks as its MCP task list."""
+    config = {**spec.config, "expose_tools_over_mcp": True}
+    bundled = bundled_servers()
+    name = next((n for n in (spec.instance_name, spec.impl_name) if n in bundled), None)
+    if not config.get("mcp_tasks") and name is not None:
+        try:
+            config["mcp_tasks"] = str(bundled_dataset(name))
+        except FileNotFoundError:
+            pass
+    return dataclasses.replace(spec, config=config)

@@ -41,6 +41,7 @@ __all__ = [
     "MODEL_ITEM_TYPES",
     "check_turn",
     "content_text",
+    "final_answer",
     "is_model_item",
     "item_kind",
     "plain",
@@ -125,6 +126,20 @@ def content_text(content: Any) -> str:
             if isinstance(text, str):
                 parts.append(text)
     return "".join(parts)
+
+
+def final_answer(items: list[Any]) -> str:
+    """The text of the last assistant message among ``items`` ("" when there is none).
+
+    Example:
+        >>> final_answer([{"role": "assistant", "content": "Paris"}, {"type": "function_call"}])
+        'Paris'
+    """
+    for item in reversed(items):
+        item = plain(item)
+        if item_kind(item) == "message" and item.get("role") == "assistant":
+            return content_text(item.get("content"))
+    return ""
 
 
 def reasoning_text(item: dict[str, Any]) -> str:

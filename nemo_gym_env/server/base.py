@@ -42,6 +42,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
+from nemo_gym_env.errors import ConfigError
 from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 from nemo_gym_env.protocol.metrics import aggregate_metrics
@@ -131,6 +132,12 @@ class BaseResourcesServerConfig(BaseModel):
     session_ttl_s: float = 3600.0
     max_sessions: int = 100_000
     max_body_bytes: int = 32 * 1024 * 1024
+    expose_tools_over_mcp: bool = False
+    """Serve the tools over MCP at ``/mcp`` too (NeMo Gym 0.7's key; needs the ``mcp`` extra). See docs/mcp.md."""
+    mcp_tasks: str | None = None
+    """A JSONL task list whose rows an MCP client names by index (``seed_session`` with ``task_index``)."""
+    mcp_call_timeout_s: float = 60.0
+    """The longest one MCP tool call (and its seed) may take."""
 
 
 async def _verify_is_post_only() -> Response:
@@ -282,6 +289,14 @@ class SimpleResourcesServer(BaseModel):
         """The complete app: ``setup_webserver`` plus liveness, error handling and body limits."""
         app = self.setup_webserver()
         self.setup_liveness(app)
+        if self.config.expose_tools_over_mcp:
+            # Deferred on purpose: the MCP SDK is an extra, imported only by the servers that expose MCP.
+            try:
+                from nemo_gym_env.server.mcp_expose import expose_over_mcp
+            except ModuleNotFoundError as exc:
+                raise ConfigError(f"{type(self).__name__}: expose_tools_over_mcp needs the MCP SDK ({exc}): "
+                                  "pip install 'nemo-gym-env[mcp]'") from exc
+            expose_over_mcp(self, app)
         server_name = f"{type(self).__name__} ({self.config.name})"
         install_error_handlers(app, server_name)
         app.add_middleware(CatchAllMiddleware, server_name=server_name)

@@ -17,6 +17,7 @@ author never touches them. What they do, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -24,7 +25,8 @@ import logging
 import math
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -42,8 +44,12 @@ __all__ = [
     "LostSession",
     "SessionIdMiddleware",
     "TypedSeedMiddleware",
+    "add_lifespan",
     "guard_verify",
     "install_error_handlers",
+    "read_body",
+    "replay_body",
+    "typed_seed",
     "zero_reward_reply",
 ]
 
@@ -75,6 +81,18 @@ def guard_verify(verify: Any) -> Any:
     # module) here, where the server's globals are known, so FastAPI sees real types.
     verify_route.__signature__ = inspect.signature(verify, eval_str=True)  # type: ignore[attr-defined]
     return verify_route
+
+
+def add_lifespan(app: FastAPI, context: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
+    """Run ``context()`` around the app's life (entered at start-up, left at shutdown), inside what it had."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        async with context(), inner(app_) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
 
 
 def zero_reward_reply(body: BaseVerifyRequest | None, kind: str, reason: str) -> JSONResponse:
@@ -247,18 +265,12 @@ class TypedSeedMiddleware:
         if scope["type"] != "http" or scope.get("path") != "/seed_session" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        typed = _typed_seed(body)
+        body = await read_body(receive)
+        if body is None:
+            return
+        typed = typed_seed(body)
         if typed is None:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         problem, session_id, row = typed
         if problem is not None:
@@ -288,10 +300,10 @@ class TypedSeedMiddleware:
                 return
             await send(message)
 
-        await self.app(scope, _replay(row_bytes, receive), rewrite)
+        await self.app(scope, replay_body(row_bytes, receive), rewrite)
 
 
-def _typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
+def typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
     """``(problem or None, resources_session_id, row)`` of a typed seed body; None for a row body."""
     try:
         data = json.loads(body)
@@ -317,7 +329,19 @@ def _typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
     return None, session_id, data["task_data"]
 
 
-def _replay(body: bytes, receive: Any) -> Any:
+async def read_body(receive: Any) -> bytes | None:
+    """The whole body of a request (None when the client disconnected first)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay_body(body: bytes, receive: Any) -> Any:
     """A ``receive`` that hands the app ``body`` (already read), then the connection's own messages."""
     replayed = False
 
@@ -373,7 +397,7 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
 
 def _too_large(scope: dict, limit: int) -> dict[str, str]:

@@ -1,0 +1,176 @@
+"""Episodes played over MCP, inside the resources server that serves them.
+
+An MCP client's episode is an ordinary resources-server session: :class:`EpisodeRunner` sends
+``/seed_session``, the tool routes, ``/verify`` and ``/close_session`` to the server's own app
+in process (through every middleware, as a request from the network would go), with the
+episode's own cookie jar, and records the episode's items as the env records them, so the same
+moves score the same reward over MCP as through ``gym.make``. Every call is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from nemo_gym_env.errors import McpError
+from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
+from nemo_gym_env.protocol.types import make_response, new_id
+
+__all__ = ["INNER_HEADER", "MCP_PATH", "SESSION_TOKEN_HEADER", "EpisodeRunner", "McpEpisode",
+           "ToolReply", "new_token"]
+
+MCP_PATH = "/mcp"
+"""Where a server serves MCP."""
+
+SESSION_TOKEN_HEADER = "X-NeMo-Gym-Session-Token"
+"""The header naming an episode in an MCP request (NeMo Gym 0.7's name)."""
+
+INNER_HEADER = "x-nemo-gym-mcp-inner"
+"""Marks the requests an :class:`EpisodeRunner` sends to its own app (they get no MCP metadata)."""
+
+
+def new_token() -> str:
+    """An episode's token: unguessable, so holding it is what makes an episode one's own."""
+    return secrets.token_urlsafe(24)
+
+
+@dataclass
+class McpEpisode:
+    """One episode: its task row, its cookies (the resources session), and the items so far.
+
+    Attributes:
+        token: The episode's key (``X-NeMo-Gym-Session-Token``); unguessable.
+        row: The task row it was seeded with.
+        task_index: The row's index in the server's task list, when it was named by index.
+        client: The HTTP client holding the episode's cookie jar (to the app, in process).
+        items: ``function_call`` and ``function_call_output`` items, in the order they happened.
+        step_rewards: The step reward of each tool call that gave one.
+    """
+
+    token: str
+    row: dict[str, Any]
+    task_index: int | None
+    client: httpx.AsyncClient
+    items: list[dict[str, Any]] = field(default_factory=list)
+    step_rewards: list[float] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """A tool route's reply: the body (what the model reads), its status, its step reward."""
+
+    text: str
+    status: int
+    step_reward: float | None
+
+
+class EpisodeRunner:
+    """Plays episodes against ``app`` in process; see the module docstring.
+
+    Args:
+        app: The resources server's complete ASGI app.
+        label: The server, for messages.
+        call_timeout_s: The longest a seed, a tool call or a close may take.
+        verify_timeout_s: The longest ``/verify`` may take.
+    """
+
+    def __init__(self, app: Any, label: str, *, call_timeout_s: float = 60.0, verify_timeout_s: float = 300.0):
+        self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self.label = label
+        self.call_timeout_s = call_timeout_s
+        self.verify_timeout_s = verify_timeout_s
+
+    def new_client(self) -> httpx.AsyncClient:
+        """A client with an empty cookie jar, on the shared in-process transport."""
+        return httpx.AsyncClient(transport=self.transport, base_url="http://resources.internal",
+                                 headers={INNER_HEADER: "1"})
+
+    async def _post(self, client: httpx.AsyncClient, route: str, content: bytes, timeout_s: float) -> httpx.Response:
+        try:
+            return await asyncio.wait_for(
+                client.post(route, content=content, headers={"content-type": "application/json"}), timeout_s)
+        except asyncio.TimeoutError:
+            raise McpError(f"{self.label}: POST {route} did not answer within {timeout_s:g} s",
+                           timed_out=True) from None
+
+    async def seed(self, row: dict[str, Any], task_index: int | None) -> McpEpisode:
+        """``POST /seed_session`` with the row, in a new session.
+
+        Raises:
+            McpError: the server refused the row or did not answer in time.
+        """
+        episode = McpEpisode(new_token(), row, task_index, self.new_client())
+        reply = await self._post(episode.client, "/seed_session", json.dumps(row).encode(), self.call_timeout_s)
+        if reply.status_code >= 400:
+            await episode.client.aclose()
+            raise McpError(f"{self.label}: POST /seed_session answered {reply.status_code}: {reply.text[:500]}")
+        return episode
+
+    async def call(self, episode: McpEpisode, name: str, arguments: dict[str, Any]) -> ToolReply:
+        """``POST /<name>`` in the episode's session; the reply, even a 4xx/5xx, is the tool's output.
+
+        The call and its output join the episode's items as the env records them.
+        """
+        text = json.dumps(arguments, ensure_ascii=False)
+        async with episode.lock:
+            reply = await self._post(episode.client, f"/{name}", text.encode(), self.call_timeout_s)
+            call_id = new_id("call")
+            episode.items.append({"type": "function_call", "call_id": call_id, "name": name, "arguments": text,
+                                  "id": new_id("fc"), "status": "completed"})
+            episode.items.append({"type": "function_call_output", "call_id": call_id, "output": reply.text})
+            step_reward = _step_reward(reply)
+            if step_reward is not None:
+                episode.step_rewards.append(step_reward)
+            return ToolReply(reply.text, reply.status_code, step_reward)
+
+    def verify_body(self, episode: McpEpisode, answer: str) -> dict[str, Any]:
+        """The ``/verify`` body of the episode ended by ``answer``: the row plus the whole episode."""
+        final = {"type": "message", "role": "assistant", "id": new_id("msg"), "status": "completed",
+                 "content": [{"type": "output_text", "text": answer, "annotations": []}]}
+        tools = list(episode.row.get("responses_create_params", {}).get("tools") or [])
+        response = make_response([*episode.items, final], tools=tools)
+        return {**episode.row, "response": response.model_dump(mode="json", exclude_none=True)}
+
+    async def verify(self, episode: McpEpisode, answer: str) -> dict[str, Any]:
+        """``POST /verify`` with the episode ended by ``answer``; returns the reply (with ``reward``).
+
+        Raises:
+            McpError: the server answered an error, a reply without a numeric reward, or nothing in time.
+        """
+        async with episode.lock:
+            body = json.dumps(self.verify_body(episode, answer), ensure_ascii=False).encode()
+            reply = await self._post(episode.client, "/verify", body, self.verify_timeout_s)
+        try:
+            verdict = reply.json()
+        except ValueError:
+            verdict = None
+        reward = verdict.get("reward") if isinstance(verdict, dict) else None
+        if reply.status_code >= 400 or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise McpError(f"{self.label}: POST /verify answered {reply.status_code}: {reply.text[:500]}")
+        return verdict
+
+    async def close(self, episode: McpEpisode, *, release: bool = True) -> None:
+        """End the episode: ``POST /close_session`` (when ``release``; a failure there is not the caller's)."""
+        try:
+            if release:
+                await self._post(episode.client, "/close_session", b"{}", self.call_timeout_s)
+        except McpError:
+            pass
+        finally:
+            await episode.client.aclose()
+
+
+def _step_reward(reply: httpx.Response) -> float | None:
+    values = reply.headers.get_list(STEP_REWARD_HEADER)
+    if len(values) != 1:
+        return None
+    try:
+        return float(values[0])
+    except ValueError:
+        return None
