@@ -247,7 +247,10 @@ class McpResourcesServer(SimpleResourcesServer):
     # ---- sessions -----------------------------------------------------------------------------
 
     def prepare_session(self, row: dict[str, Any] | None, session_dir: Path) -> None:
-        """Fill ``session_dir`` before the session's MCP server starts (``row`` is None for the start-up probe)."""
+        """Fill ``session_dir`` before the session's MCP server starts (``row`` is None for the start-up probe).
+
+        Raise ``ValueError`` for a row that cannot be played: ``/seed_session`` answers 422 with the message.
+        """
 
     async def _open(self, row: dict[str, Any] | None) -> _Upstream:
         session_dir = Path(tempfile.mkdtemp(prefix="nemo-gym-mcp-"))
@@ -284,6 +287,8 @@ class McpResourcesServer(SimpleResourcesServer):
         row = body.model_dump()
         try:
             upstream = await self._open(row)
+        except ValueError as exc:  # prepare_session: this row cannot be played
+            return JSONResponse({"error": f"{self.label}: POST /seed_session: {exc}"}, status_code=422)
         except McpError as exc:
             return JSONResponse({"error": f"{self.label}: POST /seed_session: {exc}"}, status_code=503)
         self._upstreams[sid] = upstream
