@@ -67,7 +67,8 @@ from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesS
 from nemo_gym_env.server.middleware import add_lifespan
 from nemo_gym_env.server.mcp_upstream import McpConnection, McpServerSpec
 
-__all__ = ["McpResourcesServer", "McpResourcesServerConfig", "VerifyTool", "load_function", "result_text"]
+__all__ = ["McpResourcesServer", "McpResourcesServerConfig", "VerifyTool", "load_function", "result_text",
+           "reward_of"]
 
 logger = logging.getLogger("nemo_gym_env.server.mcp_bridge")
 
@@ -194,8 +195,8 @@ class McpResourcesServer(SimpleResourcesServer):
 
     @property
     def label(self) -> str:
-        """The server and the MCP server it wraps, for messages."""
-        return f"{type(self).__name__} ({self.config.name}) over {self.config.mcp_server.describe()}"
+        """The server, for messages (an MCP server's own errors name it)."""
+        return f"{type(self).__name__} ({self.config.name})"
 
     def _run_probe(self) -> list[Tool]:
         """The MCP server's tools, listed once by a connection of its own (in a thread: the app is not serving yet)."""
@@ -324,7 +325,7 @@ class McpResourcesServer(SimpleResourcesServer):
         except McpError as exc:
             if exc.gone:
                 self.release_session(sid)
-                return JSONResponse({"error": f"{where}: the episode cannot go on: {exc}"}, status_code=410)
+                return JSONResponse({"error": f"{where}: {exc}"}, status_code=410)
             status = 504 if exc.timed_out else 502
             return JSONResponse({"error": f"{where}: {exc}"}, status_code=status)
         text = result_text(result)
@@ -368,8 +369,28 @@ class McpResourcesServer(SimpleResourcesServer):
         result = await upstream.connection.call_tool(tool.name, arguments)
         if result.is_error:
             raise McpError(f"the verify tool {tool.name!r} failed: {result_text(result)[:500]}")
-        structured = result.structured_content
-        if isinstance(structured, Mapping) and "reward" in structured:
-            return dict(structured)
-        return float(result_text(result).strip())
+        return reward_of(result)
+
+
+def reward_of(result: CallToolResult) -> float | dict[str, Any]:
+    """The reward a verify tool gave: a ``reward`` key of its structured content (or of the JSON object
+    its text holds, or of the SDK's ``{"result": ...}`` wrapping), else its text read as a number.
+
+    Raises:
+        ValueError: the result holds no reward.
+    """
+    text = result_text(result).strip()
+    structured = result.structured_content
+    candidates: list[Any] = [structured, structured.get("result") if isinstance(structured, Mapping) else None]
+    try:
+        candidates.append(json.loads(text))
+    except (ValueError, RecursionError):
+        pass
+    for candidate in candidates:
+        if isinstance(candidate, Mapping) and "reward" in candidate:
+            return dict(candidate)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"the verify tool's result holds no reward: {text[:200]!r}") from None
 

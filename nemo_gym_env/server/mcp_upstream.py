@@ -108,8 +108,8 @@ class McpServerSpec(BaseModel):
         """The server in a few words for messages (no environment values or headers: they may be secrets)."""
         if self.url is not None:
             return f"MCP server at {self.url.split('?')[0]}"
-        shown = " ".join(shlex.quote(part) for part in [os.path.basename(self.command or ""), *self.args[:4]])
-        return f"MCP server `{shown}{' ...' if len(self.args) > 4 else ''}`"
+        shown = " ".join(shlex.quote(part) for part in [os.path.basename(self.command or ""), *self.args[:2]])
+        return f"MCP server `{shown}{' ...' if len(self.args) > 2 else ''}`"
 
 
 class _Tail(asyncio.Protocol):
@@ -283,7 +283,7 @@ class McpConnection:
             if exc.code == CONNECTION_CLOSED:
                 self._mark_gone("it closed the connection")
                 await self._stderr_done()
-                raise McpError(self._with_stderr(f"{self.label} exited or closed the connection during {what}"),
+                raise McpError(self._with_stderr(f"{self.label} exited during {what}"),
                                      gone=True) from None
             raise McpError(f"{self.label} refused {what}: {exc.message}") from None
         except Exception as exc:  # noqa: BLE001 - a broken stream or transport: the connection is unusable
@@ -305,8 +305,7 @@ class McpConnection:
         self._stop.set()
 
     def _with_stderr(self, message: str) -> str:
+        """``message`` and the last lines the server wrote to stderr (the last first: it says why)."""
         tail = self._tail.text() if self._tail is not None else ""
-        if not tail:
-            return message
-        lines = tail.splitlines()[-8:]
-        return message + "; its last stderr lines:\n" + "\n".join(lines)
+        lines = [line.strip() for line in tail.splitlines() if line.strip()][-8:]
+        return f"{message}; stderr: {' | '.join(reversed(lines))}" if lines else message
