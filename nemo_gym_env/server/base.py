@@ -289,6 +289,7 @@ class SimpleResourcesServer(BaseModel):
         """The complete app: ``setup_webserver`` plus liveness, error handling and body limits."""
         app = self.setup_webserver()
         self.setup_liveness(app)
+        jsonrpc_paths: frozenset[str] = frozenset()
         if self.config.expose_tools_over_mcp:
             # Deferred on purpose: the MCP SDK is an extra, imported only by the servers that expose MCP.
             try:
@@ -296,11 +297,11 @@ class SimpleResourcesServer(BaseModel):
             except ModuleNotFoundError as exc:
                 raise ConfigError(f"{type(self).__name__}: expose_tools_over_mcp needs the MCP SDK ({exc}): "
                                   "pip install 'nemo-gym-env[mcp]'") from exc
-            expose_over_mcp(self, app)
+            jsonrpc_paths = expose_over_mcp(self, app).paths
         server_name = f"{type(self).__name__} ({self.config.name})"
         install_error_handlers(app, server_name)
         app.add_middleware(CatchAllMiddleware, server_name=server_name)
-        app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes)
+        app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes, jsonrpc_paths=jsonrpc_paths)
         return app
 
 

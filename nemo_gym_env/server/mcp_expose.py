@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import types
+import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -90,10 +92,19 @@ def route_tools(app: FastAPI) -> list[Tool]:
         schema = extra.get("schema")
         if schema is None:
             bodies = route.dependant.body_params
-            schema = TypeAdapter(bodies[0].field_info.annotation).json_schema() if len(bodies) == 1 else None
-        tools.append(Tool(name=name, description=(route.description or route.summary or None),
-                          input_schema=schema if isinstance(schema, dict) else {"type": "object"}))
+            schema = _body_schema(bodies[0].field_info.annotation) if len(bodies) == 1 else None
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            schema = {"type": "object"}  # MCP wants an object schema; the route still checks the body
+        tools.append(Tool(name=name, description=(route.description or route.summary or None), input_schema=schema))
     return tools
+
+
+def _body_schema(annotation: Any) -> dict[str, Any]:
+    """The JSON schema of a route's body annotation (``Model | None``: the model's, as the body may be omitted)."""
+    members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(members) == 1:
+        annotation = members[0]
+    return TypeAdapter(annotation).json_schema()
 
 
 def row_tools(row: dict[str, Any]) -> list[Tool]:
@@ -103,8 +114,9 @@ def row_tools(row: dict[str, Any]) -> list[Tool]:
         if not isinstance(spec, dict) or spec.get("type", "function") != "function" or not spec.get("name"):
             continue
         schema = spec.get("parameters")
-        tools.append(Tool(name=spec["name"], description=spec.get("description"),
-                          input_schema=schema if isinstance(schema, dict) else {"type": "object"}))
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            schema = {"type": "object"}
+        tools.append(Tool(name=spec["name"], description=spec.get("description"), input_schema=schema))
     return tools
 
 
@@ -151,9 +163,12 @@ class McpExposure:
 
     # ---- wiring -------------------------------------------------------------------------------
 
+    paths = frozenset({MCP_PATH, MCP_PATH + "/"})
+    """Where the endpoint answers."""
+
     def install(self) -> None:
         """Mount ``/mcp``, add the seed metadata, and run the SDK's session managers with the app."""
-        for path in (MCP_PATH, MCP_PATH + "/"):
+        for path in sorted(self.paths):
             self.app.router.routes.insert(0, Route(path, _Endpoint(self), methods=["GET", "POST", "DELETE"],
                                                    include_in_schema=False))
         self.app.add_middleware(McpSeedMiddleware, exposure=self)

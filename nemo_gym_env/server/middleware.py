@@ -359,12 +359,14 @@ class BodyLimitMiddleware:
     """Refuse bodies over the limit with 413, before reading them whole.
 
     A declared ``Content-Length`` over the limit is refused at once; a chunked body is read
-    up to the limit and refused as soon as it passes it.
+    up to the limit and refused as soon as it passes it. On ``jsonrpc_paths`` (``/mcp``) the
+    refusal is a JSON-RPC error, the only error body an MCP client shows.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int):
+    def __init__(self, app: Any, max_body_bytes: int, jsonrpc_paths: frozenset[str] = frozenset()):
         self.app = app
         self.max = max_body_bytes
+        self.jsonrpc_paths = jsonrpc_paths
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -380,7 +382,7 @@ class BodyLimitMiddleware:
                     return
         if length is not None:
             if length > self.max:
-                await _send_json(send, 413, _too_large(scope, self.max))
+                await _send_json(send, 413, self._too_large(scope))
                 return
             await self.app(scope, receive, send)
             return
@@ -392,7 +394,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > self.max:
-                await _send_json(send, 413, _too_large(scope, self.max))
+                await _send_json(send, 413, self._too_large(scope))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -400,8 +402,11 @@ class BodyLimitMiddleware:
         await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
 
-def _too_large(scope: dict, limit: int) -> dict[str, str]:
-    return {"error": f"body of {scope.get('method')} {scope.get('path')} exceeds the {limit}-byte limit"}
+    def _too_large(self, scope: dict) -> dict[str, Any]:
+        message = f"body of {scope.get('method')} {scope.get('path')} exceeds the {self.max}-byte limit"
+        if scope.get("path") in self.jsonrpc_paths:
+            return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+        return {"error": message}
 
 
 async def _send_json(send: Any, status: int, payload: dict) -> None:

@@ -1,0 +1,311 @@
+"""Our servers over MCP: ``nemo-gym-env serve NAMES --mcp`` as a real process, driven by the MCP SDK's own
+client. A scripted episode over MCP gives the same tool outputs and the same reward as the same moves
+through ``gym.make``, on four bundled servers (git_history itself sits on an MCP server), in both of the
+protocol's forms: the ``initialize`` handshake (the MCP session is the episode) and the current
+per-request form (the episode named by the ``X-NeMo-Gym-Session-Token`` header)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import httpx
+import httpx2
+import pytest
+
+pytest.importorskip("mcp")
+
+import nemo_gym_env  # noqa: E402,F401 - registers the envs
+from mcp import Client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
+from nemo_gym_env.launch.catalog import bundled_dataset  # noqa: E402
+from nemo_gym_env.protocol.items import final_answer  # noqa: E402
+from nemo_gym_env.protocol.types import make_response  # noqa: E402
+from nemo_gym_env.server.mcp_episodes import SESSION_TOKEN_HEADER  # noqa: E402
+from tests.conftest import example_rows, scripted  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+SERVERS = ("example_multi_step", "badge_lookup", "example_session_state_mgmt", "git_history")
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def start_serve(*args: str, timeout_s: float = 300.0) -> tuple[subprocess.Popen, dict[str, str]]:
+    """``nemo-gym-env serve ARGS`` as a process; returns it and the server URLs it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "nemo_gym_env.cli", "serve", *args, "+head_server.port=0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    urls: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        match = re.match(r"^\s+(\S+)\s+(http://\S+)(\s+\(MCP: (\S+)\))?", line)
+        if match and match.group(1) != "head_server":
+            urls[match.group(1)] = match.group(2)
+            assert match.group(4) == match.group(2) + "/mcp"  # --mcp says where
+        if line.startswith("Ctrl-C to stop") or time.monotonic() > deadline:
+            break
+    if proc.poll() is not None or not urls:
+        proc.kill()
+        raise AssertionError(f"serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+    return proc, urls
+
+
+def stop_serve(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[dict[str, str]]:
+    proc, urls = start_serve(*SERVERS, "--mcp")
+    try:
+        yield urls
+    finally:
+        stop_serve(proc)
+
+
+# ---- playing one scripted episode both ways -------------------------------------------------
+
+
+def play_env(url: str, server: str, task_index: int, correct: bool) -> tuple[float, list[str]]:
+    """The scripted player through gym.make against the served server: the reward and every tool output."""
+    env = gym.make(f"NemoGym/{server}-v0", base_url=url, dataset=str(bundled_dataset(server)))
+    try:
+        env.reset(options={"task_index": task_index})
+        row, history, outputs = env.unwrapped.task, [], []
+        for _ in range(50):
+            observation, reward, terminated, truncated, info = env.step(scripted(server)(row, history,
+                                                                                         correct=correct))
+            history.extend(observation)
+            outputs += [item["output"] for item in observation if item.get("type") == "function_call_output"]
+            if terminated or truncated:
+                assert terminated, info
+                return env.unwrapped.last_verify["reward"], outputs
+        raise AssertionError("the episode did not end")
+    finally:
+        env.close()
+
+
+async def play_mcp(client: Client, server: str, row: dict[str, Any], correct: bool) -> tuple[float, list[str]]:
+    """The same player over MCP, once the episode is seeded: tools/call per call, verify with the answer."""
+    history: list[dict[str, Any]] = []
+    outputs: list[str] = []
+    for _ in range(50):
+        action = scripted(server)(row, history, correct=correct)
+        calls = [item for item in action if item.get("type") == "function_call"]
+        if not calls:
+            verdict = await client.call_tool("verify", {"answer": final_answer(action)})
+            assert not verdict.is_error, verdict
+            return verdict.structured_content["reward"], outputs
+        for call in calls:
+            result = await client.call_tool(call["name"], json.loads(call["arguments"]))
+            text = result.content[0].text
+            outputs.append(text)
+            history.append({"type": "function_call_output", "call_id": call["call_id"], "output": text})
+    raise AssertionError("the episode did not end")
+
+
+def _tool_view(tools: list[Any]) -> list[tuple[str, Any]]:
+    return [(tool.name, tool.input_schema) for tool in tools]
+
+
+def _row_view(row: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(t["name"], t["parameters"]) for t in row["responses_create_params"].get("tools") or []]
+
+
+async def mcp_handshake_episode(url: str, server: str, task_index: int, correct: bool) -> tuple[float, list[str]]:
+    """The protocol's handshake form: one MCP session is one episode, named by its index."""
+    row = example_rows(server)[task_index]
+    async with Client(url + "/mcp", mode="legacy") as client:
+        before = {tool.name for tool in (await client.list_tools()).tools}
+        assert "seed_session" in before and "verify" not in before
+        seeded = await client.call_tool("seed_session", {"task_index": task_index})
+        assert seeded.structured_content["task_index"] == task_index
+        tools = (await client.list_tools()).tools
+        assert _tool_view(tools) == [*_row_view(row), ("verify", tools[-1].input_schema)]  # what the env shows
+        return await play_mcp(client, server, row, correct)
+
+
+async def mcp_token_episode(url: str, server: str, task_index: int, correct: bool) -> tuple[float, list[str]]:
+    """The current per-request form: the episode seeded with the whole row, then named by its token."""
+    row = example_rows(server)[task_index]
+    async with Client(url + "/mcp") as opener:
+        seeded = await opener.call_tool("seed_session", {"row": row})
+    headers = seeded.structured_content["headers"]
+    assert seeded.structured_content["input"][-1]["content"] == row["responses_create_params"]["input"][-1]["content"]
+    async with Client(streamable_http_client(url + "/mcp", http_client=httpx2.AsyncClient(headers=headers))) as client:
+        assert _tool_view((await client.list_tools()).tools)[:-1] == _row_view(row)
+        return await play_mcp(client, server, row, correct)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_an_episode_over_mcp_scores_what_the_same_moves_score_through_gym_make(served, server):
+    url = served[server]
+    for task_index, correct, form in [(0, True, mcp_handshake_episode), (0, False, mcp_token_episode),
+                                      (1, True, mcp_token_episode)]:
+        expected = play_env(url, server, task_index, correct)
+        assert expected[0] == (1.0 if correct else 0.0)
+        assert asyncio.run(form(url, server, task_index, correct)) == expected, (task_index, correct, form.__name__)
+
+
+# ---- NeMo Gym 0.7's way: seed and verify over HTTP, tools over MCP ---------------------------
+
+
+def test_an_http_seed_hands_out_the_token_of_its_own_session(served):
+    url = served["example_session_state_mgmt"]
+    row = example_rows("example_session_state_mgmt")[0]
+    with httpx.Client(base_url=url, timeout=60) as http:
+        access = http.post("/seed_session", json=row).json()["mcp"]
+        assert access["url_path"] == "/mcp" and access["transport"] == "http"
+        before = http.post("/get_counter_value", json={}).json()["count"]
+        # raw JSON-RPC as 0.7's agents send it (no handshake), from another client: the token names the session
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "increment_counter", "arguments": {"count": row["expected_count"] - before}}}
+        reply = httpx.post(f"{url}/mcp", json=call, headers={**ACCEPT, **access["headers"]}, timeout=60)
+        assert reply.status_code == 200 and reply.json()["result"]["isError"] is False
+        assert http.post("/get_counter_value", json={}).json()["count"] == row["expected_count"]
+        verdict = http.post("/verify", json={**row, "response": make_response([]).model_dump(mode="json")}).json()
+        assert verdict["reward"] == 1.0
+        typed = http.post("/seed_session", json={"resources_session_id": "s1", "episode_id": {"rollout_id": "r1"},
+                                                 "task_id": {"taskset": "t", "task_id": "0"}, "task_data": row}).json()
+        assert typed["resources_session_id"] == "s1" and SESSION_TOKEN_HEADER in typed["resources_tools"]["headers"]
+
+
+# ---- hostile clients -------------------------------------------------------------------------
+
+
+def test_malformed_json_rpc_gets_a_clear_error_and_the_server_goes_on(served):
+    url = served["example_multi_step"] + "/mcp"
+    for body in (b"{not json", b"[]", b'{"hello": "world"}', b'{"jsonrpc": "2.0", "id": 1, "method": 7}',
+                 json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": 5}}).encode()):
+        reply = httpx.post(url, content=body, headers=ACCEPT, timeout=60)
+        assert 400 <= reply.status_code < 500, (body, reply.status_code, reply.text)
+        assert "error" in reply.json()
+    no_accept = httpx.post(url, content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
+                           headers={"Content-Type": "application/json"}, timeout=60)
+    assert 400 <= no_accept.status_code < 500 and "error" in no_accept.json()
+
+    async def still_serves() -> list[str]:
+        async with Client(url) as client:
+            return [tool.name for tool in (await client.list_tools()).tools]
+
+    assert "get_synonym_value" in asyncio.run(still_serves())
+
+
+def test_unknown_tools_foreign_ids_and_finished_episodes_are_refused(served):
+    url = served["example_multi_step"] + "/mcp"
+
+    async def scenario() -> None:
+        async with Client(url, mode="legacy") as client:
+            with pytest.raises(MCPError, match="no episode: call seed_session first"):
+                await client.call_tool("get_synonym_value", {"synonym": "x"})
+            with pytest.raises(MCPError, match="exactly one of task_index or row"):
+                await client.call_tool("seed_session", {})
+            with pytest.raises(MCPError, match=r"task_index must be an integer in \[0, "):
+                await client.call_tool("seed_session", {"task_index": 10**9})
+            with pytest.raises(MCPError, match="not a task row"):
+                await client.call_tool("seed_session", {"row": {"prompt": "hi"}})
+            seeded = await client.call_tool("seed_session", {"task_index": 0})
+            token = seeded.structured_content["session_token"]
+            unknown = await client.call_tool("no_such_tool", {})
+            assert unknown.is_error and json.loads(unknown.content[0].text) == {"detail": "Not Found"}  # the env's
+            for name in ("aggregate_metrics", "../verify"):
+                with pytest.raises(MCPError, match="is not a tool"):
+                    await client.call_tool(name, {})
+            with pytest.raises(MCPError, match="already plays an episode"):
+                await client.call_tool("seed_session", {"task_index": 1})
+            assert (await client.call_tool("verify", {"answer": "nothing"})).structured_content["reward"] == 0.0
+        for wrong in ("forged-token", token):  # made up, and one whose episode is over
+            headers = {SESSION_TOKEN_HEADER: wrong}
+            async with Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers))) as client:
+                with pytest.raises(MCPError, match="names no live episode"):
+                    await client.call_tool("get_synonym_value", {"synonym": "x"})
+
+    asyncio.run(scenario())
+    foreign = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={**ACCEPT, "Mcp-Session-Id": "0123456789abcdef"}, timeout=60)
+    assert foreign.status_code == 404 and "Session not found" in foreign.text
+
+
+def test_episodes_are_isolated_from_each_other(served):
+    url = served["example_session_state_mgmt"] + "/mcp"
+
+    async def counter(client: Client) -> int:
+        return json.loads((await client.call_tool("get_counter_value", {})).content[0].text)["count"]
+
+    async def scenario() -> None:
+        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as second:
+            await first.call_tool("seed_session", {"task_index": 0})
+            await second.call_tool("seed_session", {"task_index": 0})
+            start = example_rows("example_session_state_mgmt")[0]["initial_count"]
+            await first.call_tool("increment_counter", {"count": 7})
+            assert await counter(second) == start and await counter(first) == start + 7
+            await second.call_tool("increment_counter", {"count": 2})
+            assert await counter(first) == start + 7 and await counter(second) == start + 2
+
+    asyncio.run(scenario())
+
+
+def test_huge_arguments_are_refused_and_the_server_goes_on():
+    name = "example_multi_step"
+    proc, urls = start_serve(name, "--mcp", f"++{name}.resources_servers.{name}.max_body_bytes=100000")
+    try:
+        url = urls[name] + "/mcp"
+
+        async def scenario() -> None:
+            async with Client(url, mode="legacy") as client:
+                await client.call_tool("seed_session", {"task_index": 0})
+                with pytest.raises(MCPError, match="body of POST /mcp exceeds the 100000-byte limit"):
+                    await client.call_tool("get_synonym_value", {"synonym": "x" * 200_000})
+            async with Client(url, mode="legacy") as client:
+                await client.call_tool("seed_session", {"task_index": 0})
+                reply = await client.call_tool("get_synonym_value", {"synonym": "y" * 50_000})
+                assert json.loads(reply.content[0].text) == {"synonym_value": ord("y") * 50_000}
+
+        asyncio.run(scenario())
+    finally:
+        stop_serve(proc)
+
+
+def test_abandoned_and_evicted_episodes_are_reaped():
+    name = "example_multi_step"
+    block = f"++{name}.resources_servers.{name}"
+    proc, urls = start_serve(name, "--mcp", f"{block}.session_ttl_s=3", f"{block}.max_sessions=2")
+    try:
+        url = urls[name] + "/mcp"
+
+        async def seed() -> str:
+            async with Client(url) as client:
+                return (await client.call_tool("seed_session", {"task_index": 0})).structured_content["session_token"]
+
+        async def alive(token: str) -> bool:
+            headers = {SESSION_TOKEN_HEADER: token}
+            async with Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers))) as client:
+                try:
+                    await client.call_tool("get_synonym_value", {"synonym": "x"})
+                except MCPError:
+                    return False
+                return True
+
+        async def scenario() -> None:
+            first, second, third = await seed(), await seed(), await seed()
+            assert not await alive(first)  # the cap of 2: the oldest went
+            assert await alive(second) and await alive(third)
+            await asyncio.sleep(4)
+            assert not await alive(second) and not await alive(third)  # the idle TTL of 3 s
+
+        asyncio.run(scenario())
+    finally:
+        stop_serve(proc)
