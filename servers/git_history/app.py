@@ -24,13 +24,18 @@ Run standalone (the launcher passes the config): ``python app.py``; needs the ``
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.protocol.items import final_answer
-from nemo_gym_env.server.mcp_bridge import McpResourcesServer, McpResourcesServerConfig
 from nemo_gym_env.servers.git_history.history import MAX_COMMITS, MIN_COMMITS, make_history, write_repo
+
+try:
+    from nemo_gym_env.server.mcp_bridge import McpResourcesServer, McpResourcesServerConfig
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    raise RuntimeError(f"git_history needs the MCP SDK ({exc}): pip install 'nemo-gym-env[mcp]'") from exc
 
 __all__ = ["GitHistoryServer", "normalize", "read_answer"]
 
@@ -59,6 +64,11 @@ class GitHistoryServer(McpResourcesServer):
 
     REVERIFY_MODE = "stateless"  # /verify reads only its body
     config: McpResourcesServerConfig
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        if importlib.util.find_spec("mcp_server_git") is None:
+            raise RuntimeError("git_history needs mcp-server-git: pip install 'nemo-gym-env[mcp]'")
 
     def prepare_session(self, row: dict[str, Any] | None, session_dir: Path) -> None:
         """Write the row's history as a repository in ``session_dir`` (history 0 for the start-up probe).
