@@ -62,10 +62,15 @@ from starlette.concurrency import run_in_threadpool
 
 from nemo_gym_env.errors import ConfigError, McpError
 from nemo_gym_env.protocol.items import final_answer
-from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE, BaseSeedSessionRequest, BaseVerifyRequest
+from nemo_gym_env.protocol.types import (
+    RESERVED_ROUTES,
+    TOOL_NAME_RE,
+    BaseSeedSessionRequest,
+    BaseVerifyRequest,
+)
 from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer
-from nemo_gym_env.server.middleware import add_lifespan
 from nemo_gym_env.server.mcp_upstream import McpConnection, McpServerSpec
+from nemo_gym_env.server.middleware import add_lifespan
 
 __all__ = ["McpResourcesServer", "McpResourcesServerConfig", "VerifyTool", "load_function", "result_text",
            "reward_of"]

@@ -95,7 +95,7 @@ class EpisodeRunner:
         try:
             return await asyncio.wait_for(
                 client.post(route, content=content, headers={"content-type": "application/json"}), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise McpError(f"{self.label}: POST {route} did not answer within {timeout_s:g} s",
                            timed_out=True) from None
 

@@ -51,7 +51,13 @@ from starlette.routing import Route
 from nemo_gym_env.errors import ConfigError, DatasetError
 from nemo_gym_env.protocol.dataset import check_row, input_items, load_rows
 from nemo_gym_env.protocol.types import RESERVED_ROUTES
-from nemo_gym_env.server.mcp_episodes import MCP_PATH, SESSION_TOKEN_HEADER, McpError, EpisodeRunner, McpEpisode
+from nemo_gym_env.server.mcp_episodes import (
+    MCP_PATH,
+    SESSION_TOKEN_HEADER,
+    EpisodeRunner,
+    McpEpisode,
+    McpError,
+)
 from nemo_gym_env.server.mcp_seed import McpSeedMiddleware
 from nemo_gym_env.server.middleware import add_lifespan
 from nemo_gym_env.server.sessions import SessionStore
@@ -213,7 +219,7 @@ class McpExposure:
         token = headers.get(SESSION_TOKEN_HEADER)
         if token:
             episode = self.episodes.get(token)
-            if episode is None:
+            if episode is None and required:
                 raise _fault(f"{self.label}: the {SESSION_TOKEN_HEADER} header names no live episode (unknown, "
                              "verified, closed or expired): start one with seed_session")
             return episode

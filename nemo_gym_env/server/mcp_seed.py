@@ -16,7 +16,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from nemo_gym_env.server.mcp_episodes import INNER_HEADER, MCP_PATH, SESSION_TOKEN_HEADER, McpEpisode, new_token
+from nemo_gym_env.server.mcp_episodes import (
+    INNER_HEADER,
+    MCP_PATH,
+    SESSION_TOKEN_HEADER,
+    McpEpisode,
+    new_token,
+)
 from nemo_gym_env.server.middleware import read_body, replay_body, typed_seed
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_gym_env.errors import McpError
 
-__all__ = ["CLOSE_TIMEOUT_S", "McpConnection", "McpServerSpec", "STDERR_TAIL_BYTES"]
+__all__ = ["CLOSE_TIMEOUT_S", "STDERR_TAIL_BYTES", "McpConnection", "McpServerSpec"]
 
 CLOSE_TIMEOUT_S = 10.0
 """How long closing a connection may take before its task is cancelled (the SDK then kills the process)."""
@@ -182,7 +182,7 @@ class McpConnection:
         self._task = asyncio.create_task(self._own(errlog), name=f"mcp-connection {self.label}")
         try:
             await asyncio.wait_for(self._ready.wait(), self.start_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.close()
             raise McpError(self._with_stderr(f"{self.label} did not start within {self.start_timeout_s:g} s"),
                                  gone=True) from None
@@ -231,7 +231,7 @@ class McpConnection:
         elif task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing never fails the caller
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing never fails the caller
                 task.cancel()
                 await asyncio.wait([task], timeout=CLOSE_TIMEOUT_S)
         if self._tail_transport is not None:
@@ -250,7 +250,7 @@ class McpConnection:
         tools: list[Tool] = []
         cursor: str | None = None
         for _ in range(100):  # a server whose pages never end cannot hang the start
-            page = await self._request("tools/list", lambda c: c.list_tools(cursor=cursor))
+            page = await self._request("tools/list", lambda c, at=cursor: c.list_tools(cursor=at))
             tools.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
@@ -273,7 +273,7 @@ class McpConnection:
         try:
             # The SDK's own timeout answers first; this one also bounds what it does not cover.
             return await asyncio.wait_for(send(client), self.call_timeout_s + 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise McpError(f"{self.label} did not answer {what} within {self.call_timeout_s:g} s",
                            timed_out=True) from None
         except MCPError as exc:
@@ -296,7 +296,7 @@ class McpConnection:
         if self._tail is not None:
             try:
                 await asyncio.wait_for(self._tail.closed.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _mark_gone(self, reason: str) -> None:

@@ -21,13 +21,13 @@ import yaml
 pytest.importorskip("mcp")
 pytest.importorskip("mcp_server_time")
 
-import nemo_gym_env  # noqa: E402,F401 - registers the envs
-from nemo_gym_env.errors import ServerError  # noqa: E402
-from nemo_gym_env.launch.config import load_config, server_specs  # noqa: E402
-from nemo_gym_env.launch.launcher import Launcher  # noqa: E402
-from nemo_gym_env.server.testing import assistant_message, function_call  # noqa: E402
-from tests.conftest import descendants, wait_until  # noqa: E402
-from tests.fixtures import fixture_config  # noqa: E402
+import nemo_gym_env  # noqa: F401 - registers the envs
+from nemo_gym_env.errors import ServerError
+from nemo_gym_env.launch.config import load_config, server_specs
+from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.server.testing import assistant_message, function_call
+from tests.conftest import descendants, wait_until
+from tests.fixtures import fixture_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -132,10 +132,10 @@ def page_server() -> Iterator[str]:
     """A loopback HTTP server of the test's own: a page with a word on it, and a robots.txt allowing it."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        def do_GET(self) -> None:
             pages = {"/robots.txt": ("text/plain", "User-agent: *\nAllow: /\n"),
-                     "/word": ("text/html", "<html><body><h1>Today</h1><p>The word of the day is "
-                                            "<b>marmalade</b>.</p></body></html>")}
+                     "/word": ("text/html", ("<html><body><h1>Today</h1><p>The word of the day is "
+                                             "<b>marmalade</b>.</p></body></html>"))}
             kind, text = pages.get(self.path, ("text/plain", "not here"))
             self.send_response(200 if self.path in pages else 404)
             self.send_header("Content-Type", kind)
@@ -281,8 +281,8 @@ def test_routes_refuse_bad_input_and_sessions_that_are_not_theirs(tally):
 
 
 def test_abandoned_sessions_are_reaped_with_their_servers(tmp_path):
-    [spec] = server_specs(load_config([fixture_config("mcp_tally")], ["++mcp_tally.resources_servers.mcp_tally."
-                                                                      "session_ttl_s=2"], env_yaml=None))
+    override = "++mcp_tally.resources_servers.mcp_tally.session_ttl_s=2"
+    [spec] = server_specs(load_config([fixture_config("mcp_tally")], [override], env_yaml=None))
     with Launcher() as launcher, httpx.Client(timeout=60) as client:
         process = launcher.start(spec)
         client.post(f"{process.url}/seed_session", json={"responses_create_params": {"input": "x"}})

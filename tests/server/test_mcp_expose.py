@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,49 +18,22 @@ import pytest
 
 pytest.importorskip("mcp")
 
-import nemo_gym_env  # noqa: E402,F401 - registers the envs
-from mcp import Client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
-from nemo_gym_env.launch.catalog import bundled_dataset  # noqa: E402
-from nemo_gym_env.protocol.items import final_answer  # noqa: E402
-from nemo_gym_env.protocol.types import make_response  # noqa: E402
-from nemo_gym_env.server.mcp_episodes import SESSION_TOKEN_HEADER  # noqa: E402
-from tests.conftest import example_rows, scripted  # noqa: E402
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+import nemo_gym_env  # noqa: F401 - registers the envs
+from nemo_gym_env.launch.catalog import bundled_dataset
+from nemo_gym_env.protocol.items import final_answer
+from nemo_gym_env.protocol.types import make_response
+from nemo_gym_env.server.mcp_episodes import SESSION_TOKEN_HEADER
+from tests.conftest import example_rows, scripted
+from tests.server.mcp_serving import start_serve, stop_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SERVERS = ("example_multi_step", "badge_lookup", "example_session_state_mgmt", "git_history")
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-def start_serve(*args: str, timeout_s: float = 300.0) -> tuple[subprocess.Popen, dict[str, str]]:
-    """``nemo-gym-env serve ARGS`` as a process; returns it and the server URLs it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "nemo_gym_env.cli", "serve", *args, "+head_server.port=0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    urls: dict[str, str] = {}
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.match(r"^\s+(\S+)\s+(http://\S+)(\s+\(MCP: (\S+)\))?", line)
-        if match and match.group(1) != "head_server":
-            urls[match.group(1)] = match.group(2)
-            assert match.group(4) == match.group(2) + "/mcp"  # --mcp says where
-        if line.startswith("Ctrl-C to stop") or time.monotonic() > deadline:
-            break
-    if proc.poll() is not None or not urls:
-        proc.kill()
-        raise AssertionError(f"serve did not start: {proc.stderr.read() if proc.stderr else ''}")
-    return proc, urls
-
-
-def stop_serve(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +55,8 @@ def play_env(url: str, server: str, task_index: int, correct: bool) -> tuple[flo
         env.reset(options={"task_index": task_index})
         row, history, outputs = env.unwrapped.task, [], []
         for _ in range(50):
-            observation, reward, terminated, truncated, info = env.step(scripted(server)(row, history,
-                                                                                         correct=correct))
+            action = scripted(server)(row, history, correct=correct)
+            observation, _, terminated, truncated, info = env.step(action)
             history.extend(observation)
             outputs += [item["output"] for item in observation if item.get("type") == "function_call_output"]
             if terminated or truncated:

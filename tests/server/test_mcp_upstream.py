@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from nemo_gym_env.errors import McpError  # noqa: E402
-from nemo_gym_env.server.mcp_upstream import McpConnection, McpServerSpec  # noqa: E402
-from tests.fixtures import fixture_server  # noqa: E402
+from nemo_gym_env.errors import McpError
+from nemo_gym_env.server.mcp_upstream import McpConnection, McpServerSpec
+from tests.fixtures import fixture_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -16,13 +16,13 @@ import pytest
 from nemo_gym_env.launch.catalog import bundled_dataset
 from nemo_gym_env.protocol.dataset import load_rows
 from nemo_gym_env.servers.git_history.history import make_history, write_repo
-from nemo_gym_env.servers.git_history.make_dataset import KINDS, make_dataset, main, question
+from nemo_gym_env.servers.git_history.make_dataset import KINDS, main, make_dataset, question
 from nemo_gym_env.servers.git_history.scripted import parse_log, scripted_action
 
 pytest.importorskip("mcp")
 pytest.importorskip("mcp_server_git")
 
-from nemo_gym_env.servers.git_history.app import normalize, read_answer  # noqa: E402
+from nemo_gym_env.servers.git_history.app import normalize, read_answer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
