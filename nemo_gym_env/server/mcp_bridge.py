@@ -186,7 +186,7 @@ class McpResourcesServer(SimpleResourcesServer):
         for tool in self._tools:
             if wanted is not None and tool.name not in wanted:
                 continue
-            if tool.name in RESERVED_ROUTES or not TOOL_NAME_RE.match(tool.name):
+            if tool.name in RESERVED_ROUTES or not TOOL_NAME_RE.fullmatch(tool.name):
                 raise ConfigError(f"{self.label}: the MCP tool {tool.name!r} cannot be a route (a reserved or "
                                   "invalid name); leave it out with `tools: [...]` in the config")
             app.post(f"/{tool.name}", summary=tool.title or tool.name, description=tool.description or "",

@@ -50,7 +50,7 @@ from starlette.routing import Route
 
 from nemo_gym_env.errors import ConfigError, DatasetError
 from nemo_gym_env.protocol.dataset import check_row, input_items, load_rows
-from nemo_gym_env.protocol.types import RESERVED_ROUTES
+from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE
 from nemo_gym_env.server.mcp_episodes import (
     MCP_PATH,
     SESSION_TOKEN_HEADER,
@@ -255,8 +255,8 @@ class McpExposure:
             self._forget(ctx.request, episode)
             await self.runner.close(episode)
             return _result({"closed": True})
-        if name in RESERVED_ROUTES or "/" in name:
-            raise _fault(f"{self.label}: {name!r} is not a tool", INVALID_PARAMS)
+        if name in RESERVED_ROUTES or not TOOL_NAME_RE.fullmatch(name):  # "verify?x", "../verify": never a route
+            raise _fault(f"{self.label}: {name[:100]!r} is not a tool", INVALID_PARAMS)
         try:
             reply = await self.runner.call(episode, name, arguments)
         except McpError as exc:

@@ -15,7 +15,8 @@ What can go wrong, and what the caller sees (always :class:`~nemo_gym_env.errors
 - the server answers a request with an MCP error (an unknown tool, bad arguments): ``gone=False``.
 
 A server that writes text that is not JSON-RPC to stdout does not disturb the SDK's client: the
-lines are skipped, and a request they were meant to answer times out.
+lines are skipped, and a request they were meant to answer times out. A reply of the wrong shape
+fails its own call (``gone=False``).
 
 Example::
 
@@ -42,7 +43,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Tool
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nemo_gym_env.errors import McpError
 
@@ -137,7 +138,7 @@ def _describe_failure(exc: BaseException) -> str:
     """One line for an exception, looking inside exception groups (anyio's task groups raise them)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    text = str(exc).strip() or type(exc).__name__
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return f"{type(exc).__name__}: {text}" if not text.startswith(type(exc).__name__) else text
 
 
@@ -286,6 +287,11 @@ class McpConnection:
                 raise McpError(self._with_stderr(f"{self.label} exited during {what}"),
                                      gone=True) from None
             raise McpError(f"{self.label} refused {what}: {exc.message}") from None
+        except ValidationError as exc:  # a reply of the wrong shape: that call failed, the connection did not
+            problem = exc.errors()[0] if exc.errors() else {}
+            where = ".".join(str(part) for part in problem.get("loc", ()))
+            raise McpError(f"{self.label} answered {what} with a malformed result ({exc.title}: {where}: "
+                           f"{problem.get('msg', 'invalid')})") from None
         except Exception as exc:  # noqa: BLE001 - a broken stream or transport: the connection is unusable
             self._mark_gone(_describe_failure(exc))
             raise McpError(self._with_stderr(f"{self.label} failed during {what}: {_describe_failure(exc)}"),

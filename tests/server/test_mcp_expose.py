@@ -190,7 +190,8 @@ def test_unknown_tools_foreign_ids_and_finished_episodes_are_refused(served):
             token = seeded.structured_content["session_token"]
             unknown = await client.call_tool("no_such_tool", {})
             assert unknown.is_error and json.loads(unknown.content[0].text) == {"detail": "Not Found"}  # the env's
-            for name in ("aggregate_metrics", "../verify"):
+            for name in ("aggregate_metrics", "../verify", "verify?answer=x", "get_synonym_value#x",
+                         "get_synonym_value\n", "x" * 300):
                 with pytest.raises(MCPError, match="is not a tool"):
                     await client.call_tool(name, {})
             with pytest.raises(MCPError, match="already plays an episode"):

@@ -1,5 +1,5 @@
 """McpConnection against a real MCP server process (the SDK-built fixture ``tally.py``): every call
-bounded, and a server that hangs, exits, never speaks MCP or cannot start gives a clear error."""
+bounded, a server that hangs, exits, answers garbage, never speaks MCP or cannot start gives a clear error."""
 
 from __future__ import annotations
 
@@ -83,5 +83,25 @@ def test_a_command_that_does_not_exist_says_so():
         connection = McpConnection(McpServerSpec(command="/nonexistent/mcp-server"), start_timeout_s=10)
         with pytest.raises(McpError, match="could not start: .*No such file"):
             await connection.open()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_that_answers_garbage_fails_only_those_calls():
+    """``liar.py`` shakes hands, then answers a call with a line that is not JSON, one with a result of the
+    wrong shape, one with nothing: each of those calls fails on its own, and the connection goes on."""
+    liar = str(fixture_server("mcp_tally") / "liar.py")
+
+    async def scenario() -> None:
+        connection = McpConnection(McpServerSpec(command="{python}", args=[liar]), call_timeout_s=2.0)
+        await connection.open()
+        for name, message in (("echo", "did not answer tool 'echo' within 2 s"),
+                              ("wrong", r"answered tool 'wrong' with a malformed result \(CallToolResult: content"),
+                              ("silent", "did not answer tool 'silent' within 2 s")):
+            with pytest.raises(McpError, match=message) as failed:
+                await connection.call_tool(name, {})
+            assert not failed.value.gone
+            assert (await connection.call_tool("ok", {})).content[0].text == "fine"
+        await connection.close()
 
     asyncio.run(scenario())
