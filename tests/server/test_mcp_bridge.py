@@ -69,7 +69,7 @@ def test_time_server_behind_gym_make(tmp_path):
     try:
         env.reset(seed=0)
         base = env.unwrapped.base_url
-        schema = httpx.get(f"{base}/openapi.json").json()["paths"]["/convert_time"]["post"]
+        schema = httpx.get(f"{base}/openapi.json", timeout=60).json()["paths"]["/convert_time"]["post"]
         body = schema["requestBody"]["content"]["application/json"]["schema"]
         assert set(body["required"]) == {"source_timezone", "time", "target_timezone"}  # the MCP tool's schema
         args = {"source_timezone": "Asia/Tokyo", "time": "09:00", "target_timezone": "Asia/Kolkata"}
@@ -110,7 +110,7 @@ def test_git_server_on_a_temporary_repository(tmp_path):
     env = gym.make("NemoGym/Generic-v0", config_paths=[str(config)], dataset=rows)
     try:
         env.reset(seed=0)
-        routes = httpx.get(f"{env.unwrapped.base_url}/openapi.json").json()["paths"]
+        routes = httpx.get(f"{env.unwrapped.base_url}/openapi.json", timeout=60).json()["paths"]
         assert {"/git_log", "/git_show", "/git_status"} <= set(routes) and "/git_commit" not in routes  # tools: [...]
         observation, *_ = env.step([function_call(0, 0, "git_log", {"repo_path": str(repo)})])
         assert "Author: Grace Hopper" in output(observation)
@@ -269,7 +269,8 @@ def test_routes_refuse_bad_input_and_sessions_that_are_not_theirs(tally):
         reply = client.post("/add", content=b"{oops", headers={"content-type": "application/json"})
         assert reply.status_code == 422 and "not JSON" in reply.json()["error"]
         assert client.post("/add", json={"amount": "many"}).status_code == 400  # the tool's own error
-        forged = httpx.post(f"{url}/add", json={"amount": 1}, cookies={next(iter(client.cookies)): "forged"})
+        forged = httpx.post(f"{url}/add", json={"amount": 1}, cookies={next(iter(client.cookies)): "forged"},
+                            timeout=60)
         assert forged.status_code == 410
         verdict = client.post("/verify", json={"responses_create_params": {"input": "x"}, "response": {
             "id": "r", "created_at": 0, "model": "m", "object": "response", "output": [],
