@@ -96,8 +96,14 @@ def add_lifespan(app: FastAPI, context: Callable[[], AbstractAsyncContextManager
 
 
 def zero_reward_reply(body: BaseVerifyRequest | None, kind: str, reason: str) -> JSONResponse:
-    """The verify request echoed back with reward 0 and why (``failure_kind``, ``failure_reason``)."""
-    echoed = body.model_dump(mode="json") if body is not None else {}
+    """The verify request echoed back with reward 0 and why (``failure_kind``, ``failure_reason``).
+
+    A body that cannot be echoed (nested past the serializer's depth limit) is the client's fault: 400.
+    """
+    try:
+        echoed = body.model_dump(mode="json") if body is not None else {}
+    except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+        return JSONResponse({"error": f"POST /verify: the body cannot be echoed back ({exc})"}, status_code=400)
     return JSONResponse({**echoed, "reward": 0.0, "failure_kind": kind, "failure_reason": reason})
 
 
