@@ -174,7 +174,7 @@ class SimpleResourcesServer(BaseModel):
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None = None, name: str | None = None) -> SimpleResourcesServer:
+    def from_config(cls, config: Mapping[str, Any] | None = None, name: str | None = None) -> "SimpleResourcesServer":
         """Build the server from its YAML block (a plain mapping), validated by its config class."""
         config_cls = cls.model_fields["config"].annotation
         if not (isinstance(config_cls, type) and issubclass(config_cls, BaseModel)):

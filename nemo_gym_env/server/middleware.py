@@ -182,7 +182,7 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, watch)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every route error becomes a reply, not a dropped connection
             if started:
                 raise
             await _failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
