@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_env.bridge.datasets import example_rows
+from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
 from nemo_gym_env.client.head import fetch_servers
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers
@@ -111,8 +113,20 @@ class RolloutPlan:
 
 
 def load_run_config(names: Iterable[str], overrides: Iterable[str], env_yaml: str | None) -> Any:
-    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``)."""
-    return load_config([bundled_config_path(n) for n in names], list(overrides), env_yaml=env_yaml)
+    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``).
+
+    A name may also be a hosted env, ``gymnasium:ENV_ID`` or ``textarena:GAME``
+    (:mod:`~nemo_gym_env.bridge.targets`): its server is built here once, so a wrong id fails now, in one line.
+    """
+    names = list(names)
+    hosted = [n for n in names if is_target(n)]
+    base = {key: value for n in hosted for key, value in target_config(n).items()}
+    cfg = load_config([bundled_config_path(n) for n in names if n not in hosted], list(overrides),
+                      env_yaml=env_yaml, base=base or None)
+    for spec in server_specs(cfg):
+        if is_hosted(spec.config):
+            check_hosted(spec.instance_name, spec.config)
+    return cfg
 
 
 def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[str, str] | None = None) -> str:
@@ -247,9 +261,13 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
             position += 1
         return problems
     for target in targets.values():
-        if target.bundled is None:
+        if target.bundled is None and target.spec is not None and is_hosted(target.spec.config):
+            made = example_rows(target.spec.config)  # a hosted env's rows: one per seed
+            rows = list(enumerate(made[:settings.limit] if settings.limit is not None else made, 1))
+        elif target.bundled is None:
             raise UsageError(f"server {target.name!r} has no bundled example data; pass --input tasks.jsonl")
-        rows = read(bundled_dataset(target.bundled))
+        else:
+            rows = read(bundled_dataset(target.bundled))
         for position, ((_, row), key) in enumerate(zip(rows, task_keys(row for _, row in rows))):
             add(target, position, key, row)
     return problems
