@@ -13,8 +13,8 @@ space                                       the tag holds
 anything else                               whatever the user's ``parser(text)`` reads
 ==========================================  ================================================
 
-A turn with no tag is read whole when it is nothing but a valid answer (a bare ``left`` or
-``2``), so a model that forgets the tag on a one-word answer is not punished for it. A turn
+A turn with no tag that is one word is read as the answer (a bare ``left`` or ``2``), so a
+model that forgets the tag on a one-word answer is not punished for it. A turn
 that does not parse raises :class:`~nemo_gym_env.errors.ActionError` whose message says why
 and restates the format: the server shows it to the model as the next observation.
 
@@ -133,11 +133,8 @@ class ActionFormat:
         if tags:
             return self._read(tags[-1].strip(), tagged=True)
         bare = text.strip()
-        if bare and len(bare) <= _SHOWN and self.kind in ("discrete", "array"):
-            try:
-                return self._read(bare, tagged=False)
-            except ActionError:
-                pass
+        if bare and len(bare) <= _SHOWN and self.kind in ("discrete", "array") and len(bare.split()) == 1:
+            return self._read(bare, tagged=False)  # one bare word: read it, or say what is wrong with it
         raise ActionError("no <action>...</action> tag in your answer" if bare else "your answer was empty")
 
     def _read(self, content: str, *, tagged: bool) -> Any:

@@ -10,7 +10,7 @@ Example:
     >>> make_gym_env("NoSuchEnv-v0")
     Traceback (most recent call last):
     ...
-    nemo_gym_env.errors.ConfigError: no Gymnasium env 'NoSuchEnv-v0': it is not a registered id ...
+    nemo_gym_env.errors.ConfigError: no Gymnasium env 'NoSuchEnv-v0': it is not a registered id, nor module:Class
 """
 
 from __future__ import annotations

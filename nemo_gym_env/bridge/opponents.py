@@ -8,7 +8,7 @@ reads it (``[4]``).
 Example:
     >>> board = [["X", "", ""], ["", "O", ""], ["", "", ""]]
     >>> tic_tac_toe_move(board, "X")
-    '[1]'
+    '[2]'
 """
 
 from __future__ import annotations
