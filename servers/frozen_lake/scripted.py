@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from nemo_gym_env.server.scripting import assistant_message
@@ -23,11 +24,17 @@ MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 _ORDER = list(MOVES)
 
 
-def best_move(grid: list[str], *, slippery: bool = True, sweeps: int = 500) -> str:
+def best_move(grid: list[str], *, slippery: bool = True) -> str:
     """The move from ``*`` that reaches ``G`` most often (value iteration; holes ``H`` end the game)."""
+    here = next((r, line.index("*")) for r, line in enumerate(grid) if "*" in line)
+    lake = tuple(line.replace("*", "F") for line in grid)
+    return _policy(lake, slippery)[here]
+
+
+@lru_cache(maxsize=64)
+def _policy(grid: tuple[str, ...], slippery: bool, sweeps: int = 200) -> dict[tuple[int, int], str]:
     rows, cols = len(grid), len(grid[0])
     cells = {(r, c): grid[r][c] for r in range(rows) for c in range(cols)}
-    here = next(pos for pos, ch in cells.items() if ch == "*")
 
     def land(pos: tuple[int, int], move: str) -> tuple[int, int]:
         dr, dc = MOVES[move]
@@ -44,7 +51,7 @@ def best_move(grid: list[str], *, slippery: bool = True, sweeps: int = 500) -> s
         for pos, ch in cells.items():
             if ch not in "GH":
                 value[pos] = max(sum(value[p] for p in outcomes(pos, m)) / len(outcomes(pos, m)) for m in _ORDER)
-    return max(_ORDER, key=lambda m: sum(value[p] for p in outcomes(here, m)))
+    return {pos: max(_ORDER, key=lambda m: sum(value[p] for p in outcomes(pos, m))) for pos in cells}
 
 
 def scripted_action(row: dict[str, Any], history: list[Any], *, correct: bool = True,
