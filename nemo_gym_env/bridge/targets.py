@@ -95,7 +95,8 @@ def check_hosted(instance: str, config: dict[str, Any]) -> None:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        raise ConfigError(f"{instance}: config key {where or '?'}: {first.get('msg')}") from None
+        message = str(first.get("msg", "")).removeprefix("Value error, ")
+        raise ConfigError(f"{instance}: {f'config key {where}: ' if where else ''}{message}") from None
     except Exception as exc:  # noqa: BLE001 - the library's own errors, as one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{instance}: {type(exc).__name__}: {first}") from None

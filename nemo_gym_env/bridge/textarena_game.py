@@ -36,7 +36,9 @@ line saying so.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import random
 import re
 from collections.abc import Callable
@@ -95,7 +97,12 @@ def make_game(game: str, kwargs: dict[str, Any] | None = None) -> Any:
         close = sorted(name for name in registry if name.split("-")[0].lower() == stem)[:6]
         raise ConfigError(f"TextArena has no game {game!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                                 "; its ids look like TowerOfHanoi-v0"))
-    return ta.make(f"{game}-raw" if f"{game}-raw" in registry else game, **(kwargs or {}))
+    try:
+        # Quietly: a game that fetches data (NLTK's downloader) prints its failures; the error below says it.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return ta.make(f"{game}-raw" if f"{game}-raw" in registry else game, **(kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - the game's own failure, as one line
+        raise ConfigError(_start_failure(game, exc)) from None
 
 
 def observation_text(observation: Any, role_names: dict[int, str] | None = None) -> str:
@@ -148,7 +155,7 @@ class TextArenaServer(HostedEnvServer):
         problem = None
         for players in (1, 2):
             try:
-                with _Rng():
+                with _Rng(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     env.reset(num_players=players, seed=0)
                 return players
             except AssertionError as exc:  # TextArena's states assert the number of players
@@ -265,7 +272,11 @@ def _small(info: Any) -> dict[str, Any]:
 
 
 def _start_failure(game: str, exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    plain_text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    resource = re.search(r"Resource (\S+) not found", plain_text)  # NLTK's LookupError: a corpus never downloaded
+    first = f"NLTK's {resource.group(1)} corpus is not installed" if resource else \
+        next((line.strip() for line in plain_text.splitlines() if line.strip(" *")), "")
+    text = f"{type(exc).__name__}: {first[:300]}"
     if any(hint in text.lower() for hint in _NETWORK_HINTS) or isinstance(exc, (LookupError, OSError)):
         return (f"TextArena game {game} needs data from the network, which this machine cannot fetch ({text}); "
                 "pick a game that runs offline (docs/bring_your_env.md lists them)")

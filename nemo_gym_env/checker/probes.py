@@ -49,6 +49,10 @@ class Answer:
         if self.status is None:
             return f"{where} -> {self.error}"
         text = " ".join(self.text.split())
+        if isinstance(self.body, dict) and "reward" in self.body:  # a verify or step reply: what matters in it
+            shown = {k: self.body[k] for k in ("reward", "terminated", "truncated", "failure_reason", "observation")
+                     if k in self.body}
+            text = " ".join(json.dumps(shown).split())
         text = text if len(text) <= _SHOW else text[:_SHOW] + "..."
         return f"{where} -> {self.status} {text} ({self.seconds * 1000:.0f} ms)"
 
@@ -67,15 +71,16 @@ class Prober:
         self.timeout_s = timeout_s
         self.client = ResourcesClient(self.url, timeout_s=timeout_s, verify_timeout_s=timeout_s, connect_retries=0)
 
-    async def get(self, route: str) -> Answer:
-        """``GET route``."""
+    async def get(self, route: str, *, timeout_s: float | None = None) -> Answer:
+        """``GET route`` (within ``timeout_s``, default the prober's)."""
         started = time.monotonic()
+        limit = timeout_s or self.timeout_s
         try:
-            reply = await self.client.http.request("GET", route, timeout_s=self.timeout_s)
+            reply = await self.client.http.request("GET", route, timeout_s=limit)
         except ConnectFailed as exc:
             return Answer("GET", route, None, None, "", time.monotonic() - started, f"no connection ({exc})")
         except TimeoutError:
-            return Answer("GET", route, None, None, "", self.timeout_s, f"no answer within {self.timeout_s:g} s")
+            return Answer("GET", route, None, None, "", limit, f"no answer within {limit:g} s")
         except TransportError as exc:
             return Answer("GET", route, None, None, "", time.monotonic() - started, f"connection broke ({exc})")
         return self._answer("GET", route, reply, started)

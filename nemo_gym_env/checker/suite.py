@@ -16,10 +16,11 @@ end_empty           ``/verify`` (``/step``) of an empty trajectory: 200 and a fi
 end_wrong           the same for a wrong trajectory (an unknown tool, arguments that are not JSON)
 malformed_body      a body that is not JSON gets a 4xx
 oversized_body      a body over ``oversized_mb`` gets a 4xx (413)
-unknown_session     a forged session cookie gets a 4xx; an unknown route a 404
-session_contract    NeMo Gym 0.7's typed seed, where the server claims it: repeat seed 200, a
-                    conflicting seed 409, close and repeated close 200, a seed after close refused,
-                    a lost session 404
+unknown_session     a forged (lost) session cookie gets a 4xx (NeMo Gym names 404; ours answer 410
+                    Gone); an unknown route a 404
+session_contract    NeMo Gym 0.7's typed seed, where the server claims it (echoes the id): repeat seed
+                    200, a conflicting seed 409, close and repeated close 200, close of an id never
+                    seeded 200, a seed after close 409
 concurrency         ``concurrency`` episodes at once all answer; latency percentiles
 ==================  ===============================================================================
 
@@ -191,7 +192,8 @@ class _Run:
         if self.gymnasium:
             self.report.add("tools", "skip", "a Gymnasium-protocol server has no tools")
             return
-        answer = await self.probe.get("/openapi.json")
+        # FastAPI builds the document on its first request: seconds of CPU for a server with many models.
+        answer = await self.probe.get("/openapi.json", timeout_s=max(3 * self.settings.timeout_s, 30.0))
         if not answer.ok or not isinstance(answer.body, dict):
             self.report.add("tools", "warn", f"no OpenAPI document, tools not checked: {answer.evidence()}")
             return
@@ -234,7 +236,8 @@ class _Run:
         forged = {name: "forged-" + uuid.uuid4().hex}
         answer = await self.end(self.rows[0], forged, [_message("hello")])
         unknown_route = await self.probe.post(f"/no_such_route_{uuid.uuid4().hex[:6]}", {})
-        status, evidence = _rate_refusal(answer, accepted="a session it never issued was accepted")
+        status, evidence = _rate_refusal(answer, accepted="a forged session cookie was accepted (fine where this "
+                                                           "route reads no session state; a stateful one must refuse it)")
         if unknown_route.status != 404 and status == "pass":
             status, evidence = "warn", f"an unknown route did not get 404: {unknown_route.evidence()}"
         self.report.add("unknown_session", status, evidence)
@@ -268,10 +271,9 @@ class _Run:
         answer = await self.probe.post("/close_session", never, {})
         steps.append(("close of a never-seeded session -> 200", answer, answer.ok))
         late = await self.probe.post("/seed_session", typed, {})
-        steps.append(("seed after close -> refused (409)", late, late.client_error))
-        lost = await self.end(self.rows[0], {self.cookie_name or "session": "lost-" + uuid.uuid4().hex},
-                              [_message("hello")])
-        steps.append(("lost session -> 404", lost, lost.status == 404))
+        steps.append(("seed after close -> 409", late, late.status == 409))
+        late_never = await self.probe.post("/seed_session", {**typed, "resources_session_id": f"{sid}-never"}, {})
+        steps.append(("seed of an id closed unseeded -> 409", late_never, late_never.status == 409))
         broken = [(label, answer) for label, answer, ok in steps if not ok]
         if any(answer.status is None or answer.status >= 500 for _, answer in broken):
             label, answer = next((lb, a) for lb, a in broken if a.status is None or a.status >= 500)
