@@ -1,6 +1,6 @@
 """``nemo-gym-env check TARGET``: check a resources server the way ``check_env`` checks a Gymnasium env.
 
-TARGET is a bundled server's name, a hosted env (``gymnasium:FrozenLake-v1``, ``textarena:...``),
+TARGET (one or more) is a bundled server's name, a hosted env (``gymnasium:FrozenLake-v1``, ``textarena:...``),
 a config file (every resources server in it), or the URL of a running server (ours, NeMo Gym's,
 anyone's; loopback only unless ``--allow-remote``). Named servers are launched for the check and
 stopped after it. The checks and their rules: :mod:`nemo_gym_env.checker.suite`. A table by
@@ -40,7 +40,8 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         f"  {PROG} check my_env/configs/my_env.yaml\n  {PROG} check http://127.0.0.1:8000 --input tasks.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", metavar="TARGET", help="bundled name, gymnasium:ID, textarena:GAME, config path or URL")
+    p.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="bundled name, gymnasium:ID, textarena:GAME, config path or URL (several: each is checked)")
     p.add_argument("--input", "-i", metavar="PATH", help="example rows (JSONL) to play; default: the server's own")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeout", type=float, default=defaults.timeout_s, metavar="S",
@@ -108,18 +109,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.input and not given:
         raise UsageError(f"--input {args.input}: no rows read")
     reports: list[Report] = []
-    if args.target.startswith(("http://", "https://")):
-        host = urlsplit(args.target).hostname or ""
+    urls = [t for t in args.targets if t.startswith(("http://", "https://"))]
+    for url in urls:
+        host = urlsplit(url).hostname or ""
         if not is_loopback(host) and not args.allow_remote:
-            raise UsageError(f"{args.target} is not on this machine; pass --allow-remote to check it anyway")
-        reports.append(background_loop().run(check_server(args.target, given or [], settings)))
-    else:
+            raise UsageError(f"{url} is not on this machine; pass --allow-remote to check it anyway")
+    launching = [(spec, rows) for t in args.targets if t not in urls for spec, rows in _launch_targets(t)]
+    for url in urls:
+        reports.append(background_loop().run(check_server(url, given or [], settings)))
+    if launching:
         from nemo_gym_env.launch.launcher import Launcher
 
         with Launcher() as launcher:
-            for spec, rows in _launch_targets(args.target):
-                say(f"starting {spec.instance_name} ...")
-                process = launcher.start(spec)
+            say(f"starting {', '.join(spec.instance_name for spec, _ in launching)} ...")
+            processes = launcher.start_all([spec for spec, _ in launching])
+            for (spec, rows), process in zip(launching, processes):
                 report = background_loop().run(check_server(process.url, given or rows, settings))
                 report.target = f"{spec.instance_name} ({process.url})"
                 reports.append(report)
