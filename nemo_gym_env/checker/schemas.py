@@ -92,6 +92,11 @@ def function_definitions(doc: dict[str, Any]) -> list[tuple[dict[str, Any], list
         schema = _resolve(content.get("schema", {"type": "object", "properties": {}}), doc)
         if isinstance(schema, dict):
             schema.pop("title", None)
+            branches = schema.get("anyOf")
+            if isinstance(branches, list):  # an optional body (FastAPI: model | None): the model is the tool's
+                kept = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
+                if len(kept) == 1 and len(kept) < len(branches) and isinstance(kept[0], dict):
+                    schema = {k: v for k, v in kept[0].items() if k != "title"}
         definition = {"type": "function", "name": name, "description": post.get("description") or
                       post.get("summary") or "", "parameters": schema}
         found.append((definition, schema_problems(name, schema)))

@@ -162,14 +162,18 @@ class _Run:
         first, second = self.rows[0], self.rows[1 % len(self.rows)]
         turns = [[_message("<action>0</action> [A C] [1] first")], [_message("<action>1</action> [A B] [2] second")]]
         alone: dict[str, str] = {}
-        solo = [await self.start(first, alone)] + [await self.end(first, alone, t) for t in turns[: self._turns()]]
+        solo = [await self.start(first, alone)]
+        for turn in turns[: self._turns()]:
+            if _over(solo[-1]):
+                break
+            solo.append(await self.end(first, alone, turn))
         jar_a: dict[str, str] = {}
         jar_b: dict[str, str] = {}
-        mixed_a = [await self.start(first, jar_a)]
-        await self.start(second, jar_b)
-        for turn in turns[: self._turns()]:
+        mixed_a, mixed_b = [await self.start(first, jar_a)], [await self.start(second, jar_b)]
+        for turn in turns[: len(solo) - 1]:
             mixed_a.append(await self.end(first, jar_a, turn))
-            await self.end(second, jar_b, turn)
+            if not _over(mixed_b[-1]):
+                mixed_b.append(await self.end(second, jar_b, turn))
         bad = [a for a in solo + mixed_a if not a.ok]
         if bad:
             self.report.add("isolation", "fail", f"an episode failed: {bad[0].evidence()}")
@@ -305,6 +309,12 @@ class _Run:
         else:
             self.report.add("concurrency", "pass", f"{n} episodes at once, {len(answers)} requests, all answered: "
                                                    f"{summary}", latency_ms=stats)
+
+
+def _over(answer: Answer) -> bool:
+    """Whether a step answer ended its episode (or failed: nothing more to play)."""
+    body = answer.body if isinstance(answer.body, dict) else {}
+    return not answer.ok or bool(body.get("terminated") or body.get("truncated"))
 
 
 def _essence(body: Any) -> Any:

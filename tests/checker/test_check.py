@@ -61,7 +61,7 @@ def checks_of(stdout: str) -> list[dict]:
 
 def test_every_bundled_server_passes():
     names = sorted(bundled_servers())
-    done = run_cli("check", *names, "--json", "--concurrency", "8", timeout=1100)
+    done = run_cli("check", *names, "--json", "--concurrency", "8", "--timeout", "60", timeout=1100)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     reports = json.loads(done.stdout)
     assert len(reports) == len(names)
