@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,8 @@ class HostedConfig(BaseResourcesServerConfig):
     """The reward of a turn from which no action could be read (the env is not stepped)."""
     max_invalid_turns: int | None = Field(default=None, ge=1)
     """Truncate the episode after this many unreadable turns in a row (None: never)."""
+    python_path: list[str] = Field(default_factory=list)
+    """Folders to import the user's modules from (set when the config is checked where they import)."""
 
 
 class HostedEnvServer(GymnasiumServer):
@@ -120,6 +123,9 @@ class HostedEnvServer(GymnasiumServer):
     config: HostedConfig = Field(default_factory=HostedConfig)
 
     def model_post_init(self, __context: Any) -> None:
+        for folder in reversed(self.config.python_path):  # before a subclass imports the user's env
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
         super().model_post_init(__context)
         # An episode dropped by the store (idle, or over the cap) still has an env to close.
         self._sessions = SessionStore(max_sessions=self.config.max_sessions, ttl_s=self.config.session_ttl_s,

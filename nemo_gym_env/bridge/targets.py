@@ -25,9 +25,11 @@ from typing import Any
 
 from nemo_gym_env.errors import ConfigError
 
-__all__ = ["LIBRARIES", "check_hosted", "instance_name", "is_hosted", "is_target", "split_target", "target_config"]
+__all__ = ["APPS", "HOSTED_APPS", "LIBRARIES", "check_hosted", "instance_name", "is_hosted", "is_target", "split_target", "target_config"]
 
 APPS = Path(__file__).resolve().parent / "apps"
+HOSTED_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
+"""Implementation name -> the bridge's app: a config block of one of these needs no app of its own."""
 
 LIBRARIES: dict[str, tuple[str, str, str]] = {
     "gymnasium": ("gymnasium_env", "env_id", "gymnasium_app.py"),
@@ -70,10 +72,15 @@ def target_config(name: str, **settings: Any) -> dict[str, Any]:
     return {instance_name(name): {"resources_servers": {impl: block}}}
 
 
-def is_hosted(config: dict[str, Any]) -> bool:
-    """Whether a server block is one of the bridge's apps (a ``gymnasium:`` or ``textarena:`` target)."""
-    entry = Path(str(config.get("entrypoint") or ""))
-    return entry.is_absolute() and entry.parent == APPS
+def is_hosted(spec: Any) -> bool:
+    """Whether a server spec is served by one of the bridge's apps: a ``gymnasium:`` / ``textarena:`` target,
+    or a config block of implementation ``gymnasium_env`` / ``textarena_game`` with no app of its own."""
+    from nemo_gym_env.launch.entrypoint import resolve_entrypoint
+
+    try:
+        return resolve_entrypoint(spec).parent == APPS
+    except Exception:  # noqa: BLE001 - no entrypoint at all: not the bridge's either
+        return False
 
 
 def check_hosted(instance: str, config: dict[str, Any]) -> None:
@@ -84,7 +91,8 @@ def check_hosted(instance: str, config: dict[str, Any]) -> None:
     """
     from pydantic import ValidationError
 
-    if Path(str(config["entrypoint"])).name == LIBRARIES["gymnasium"][2]:
+    _carry_import_roots(config)
+    if "env_id" in config:
         from nemo_gym_env.bridge.gymnasium_env import GymnasiumEnvServer as server_cls
     else:
         from nemo_gym_env.bridge.textarena_game import TextArenaServer as server_cls
@@ -100,3 +108,33 @@ def check_hosted(instance: str, config: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - the library's own errors, as one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{instance}: {type(exc).__name__}: {first}") from None
+
+
+def _carry_import_roots(config: dict[str, Any]) -> None:
+    """Record in ``config["python_path"]`` where this process finds the modules the block names.
+
+    The server runs in its own process and folder: a user's ``my_envs:Counter`` that this process
+    imports from a script's folder would not import there. Modules under site-packages need nothing.
+    """
+    import importlib.util
+    import sys
+
+    roots = list(config.get("python_path") or [])
+    for key in ("env_id", "formatter", "action_parser", "opponent"):
+        value = config.get(key)
+        if not isinstance(value, str) or ":" not in value:
+            continue
+        top = value.partition(":")[0].split(".")[0]
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        if not origin or "site-packages" in origin or "dist-packages" in origin or top in sys.stdlib_module_names:
+            continue
+        path = Path(origin).parent
+        root = path.parent if path.name == top else path  # a package's folder, or a module's
+        if str(root) not in roots:
+            roots.append(str(root))
+    if roots:
+        config["python_path"] = roots

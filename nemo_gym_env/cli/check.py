@@ -85,7 +85,7 @@ def _launch_targets(target: str) -> list[tuple[Any, list[dict[str, Any]]]]:
         cfg = load_run_config([target], [], None)
     found = []
     for spec in server_specs(cfg):
-        if is_hosted(spec.config):
+        if is_hosted(spec):
             rows = example_rows(spec.config)
         elif spec.instance_name in bundled_servers():
             rows = _rows(bundled_dataset(spec.instance_name))

@@ -14,13 +14,19 @@ if TYPE_CHECKING:
 
 __all__ = ["child_pythonpath", "resolve_entrypoint"]
 
+_BRIDGE_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
+"""Implementations served by ``nemo_gym_env.bridge``'s apps when the config's folder has no app of its own
+(the same table as ``nemo_gym_env.bridge.targets.HOSTED_APPS``, which ``tests/bridge`` keeps equal)."""
+
 
 def resolve_entrypoint(spec: ServerSpec) -> Path:
     """The absolute path of a spec's ``entrypoint`` script.
 
     A relative entrypoint is looked up in the server folder (the YAML's folder, or its parent
     when the YAML lives in ``configs/``), then in NeMo Gym's layout
-    ``<gym root>/resources_servers/<impl_name>/`` next to the YAML and in the current directory.
+    ``<gym root>/resources_servers/<impl_name>/`` next to the YAML and in the current directory;
+    the implementations ``gymnasium_env`` and ``textarena_game`` then fall back to the bridge's
+    apps (a hosted env's config block needs no app file).
 
     Raises:
         LaunchError: If no candidate exists; the message lists every path tried.
@@ -39,6 +45,9 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
     for candidate in dict.fromkeys(candidates):
         if candidate.is_file():
             return candidate.resolve()
+    hosted = _BRIDGE_APPS.get(spec.impl_name)
+    if hosted is not None and not entry.is_absolute():  # a hosted env's block: the bridge's app serves it
+        return (Path(__file__).resolve().parents[1] / "bridge" / "apps" / hosted).resolve()
     tried = "\n  ".join(str(c) for c in dict.fromkeys(candidates))
     raise LaunchError(
         f"entrypoint {str(entry)!r} of server {spec.instance_name!r} not found; tried:\n  {tried}\n"

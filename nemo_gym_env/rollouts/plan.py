@@ -124,7 +124,7 @@ def load_run_config(names: Iterable[str], overrides: Iterable[str], env_yaml: st
     cfg = load_config([bundled_config_path(n) for n in names if n not in hosted], list(overrides),
                       env_yaml=env_yaml, base=base or None)
     for spec in server_specs(cfg):
-        if is_hosted(spec.config):
+        if is_hosted(spec):
             check_hosted(spec.instance_name, spec.config)
     return cfg
 
@@ -266,7 +266,7 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
             position += 1
         return problems
     for target in targets.values():
-        if target.bundled is None and target.spec is not None and is_hosted(target.spec.config):
+        if target.bundled is None and target.spec is not None and is_hosted(target.spec):
             made = example_rows(target.spec.config)  # a hosted env's rows: one per seed
             rows = list(enumerate(made[:settings.limit] if settings.limit is not None else made, 1))
         elif target.bundled is None:
