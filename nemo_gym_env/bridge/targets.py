@@ -24,16 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.errors import ConfigError
+from nemo_gym_env.launch.entrypoint import BRIDGE_APPS
 
 __all__ = ["APPS", "HOSTED_APPS", "LIBRARIES", "check_hosted", "instance_name", "is_hosted", "is_target", "split_target", "target_config"]
 
 APPS = Path(__file__).resolve().parent / "apps"
-HOSTED_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
+HOSTED_APPS = BRIDGE_APPS
 """Implementation name -> the bridge's app: a config block of one of these needs no app of its own."""
 
 LIBRARIES: dict[str, tuple[str, str, str]] = {
-    "gymnasium": ("gymnasium_env", "env_id", "gymnasium_app.py"),
-    "textarena": ("textarena_game", "game", "textarena_app.py"),
+    "gymnasium": ("gymnasium_env", "env_id", BRIDGE_APPS["gymnasium_env"]),
+    "textarena": ("textarena_game", "game", BRIDGE_APPS["textarena_game"]),
 }
 """Library prefix -> (implementation name, the config key the name after the prefix sets, entrypoint)."""
 

@@ -12,11 +12,11 @@ from nemo_gym_env.errors import LaunchError
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["child_pythonpath", "resolve_entrypoint"]
+__all__ = ["BRIDGE_APPS", "child_pythonpath", "resolve_entrypoint"]
 
-_BRIDGE_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
-"""Implementations served by ``nemo_gym_env.bridge``'s apps when the config's folder has no app of its own
-(the same table as ``nemo_gym_env.bridge.targets.HOSTED_APPS``, which ``tests/bridge`` keeps equal)."""
+BRIDGE_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
+"""Implementations served by ``nemo_gym_env.bridge``'s apps (``bridge/apps/``) when the config's folder has
+no app of its own: a hosted env's config block names only its env."""
 
 
 def resolve_entrypoint(spec: ServerSpec) -> Path:
@@ -45,7 +45,7 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
     for candidate in dict.fromkeys(candidates):
         if candidate.is_file():
             return candidate.resolve()
-    hosted = _BRIDGE_APPS.get(spec.impl_name)
+    hosted = BRIDGE_APPS.get(spec.impl_name)
     if hosted is not None and not entry.is_absolute():  # a hosted env's block: the bridge's app serves it
         return (Path(__file__).resolve().parents[1] / "bridge" / "apps" / hosted).resolve()
     tried = "\n  ".join(str(c) for c in dict.fromkeys(candidates))
