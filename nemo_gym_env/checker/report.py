@@ -2,8 +2,9 @@
 
 Example:
     >>> report = Report("http://127.0.0.1:8000")
-    >>> report.add("reachable", "pass", "GET / -> 200 in 3 ms")
-    >>> report.add("tools", "warn", "no /openapi.json")
+    >>> report.add("reachable", "pass", "GET / -> 200 in 3 ms").status
+    'pass'
+    >>> _ = report.add("tools", "warn", "no /openapi.json")
     >>> report.failed, report.counts()
     (False, {'pass': 1, 'warn': 1, 'fail': 0, 'skip': 0})
 """
