@@ -93,6 +93,12 @@ def serve_server(server_cls: type) -> None:
                                          "server_class": server_cls.__name__})
     os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_urlsafe(32))
     del app
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:  # uvicorn >= 0.37
+        # uvicorn kills a worker that has not answered its health check within this many seconds,
+        # and a worker answers only once it has imported the server (spawned: every import anew).
+        # Its default of 5 s is shorter than that import on a loaded 2-core machine, where the
+        # supervisor would kill and respawn workers forever and the server never came up.
+        options["timeout_worker_healthcheck"] = int(config.get("worker_healthcheck_timeout_s") or 60)
     uv_config = uvicorn.Config(f"{__name__}:worker_app", factory=True, workers=workers, **options)
     from uvicorn.supervisors import Multiprocess
 
