@@ -24,11 +24,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from nemo_gym_env.bridge.targets import LIBRARIES, is_target, split_target, target_config
+from nemo_gym_env.bridge.targets import LIBRARIES, check_hosted, is_target, target_config
 from nemo_gym_env.errors import ConfigError
+from nemo_gym_env.protocol.dataset import write_rows
 
 __all__ = ["HELDOUT_FIRST_SEED", "SPLITS", "example_rows", "main", "make_dataset", "prompt_of", "server_block"]
 
@@ -52,10 +52,10 @@ def server_block(target: str, **settings: Any) -> dict[str, Any]:
 
 def prompt_of(block: dict[str, Any]) -> str:
     """The system prompt of a hosted env's rows: its rules and how to answer."""
+    server = check_hosted("dataset", dict(block))  # a wrong block fails here, in one line
     if "env_id" in block:
-        from nemo_gym_env.bridge.gymnasium_env import GymnasiumEnvServer, task_prompt
+        from nemo_gym_env.bridge.gymnasium_env import task_prompt
 
-        server = GymnasiumEnvServer.from_config(block)
         return task_prompt(server.config, server.action_format)
     game = block["game"]
     rules = block.get("instructions") or (
@@ -115,17 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             settings[key] = value
     try:
-        split_target(args.target) if ":" in args.target else None
         rows = make_dataset(args.target, args.size, split=args.split, first_seed=args.first_seed, **settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    text = "".join(json.dumps(row) + "\n" for row in rows)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_rows(rows, args.out)
     return 0
 
 

@@ -213,7 +213,7 @@ class HostedEnvServer(GymnasiumServer):
             return
         try:
             self.close_game(game)
-        except Exception:  # noqa: BLE001 - an env that fails to close must not fail the request that ended it
+        except Exception:  # an env that fails to close must not fail the request that ended it
             logger.exception("%s: closing the env of row %s failed", self.config.name, game.row)
         game.env = None
 

@@ -84,8 +84,10 @@ def is_hosted(spec: Any) -> bool:
         return False
 
 
-def check_hosted(instance: str, config: dict[str, Any]) -> None:
+def check_hosted(instance: str, config: dict[str, Any]) -> Any:
     """Build a hosted server from its block here, once, as its process will: every mistake is one line now.
+
+    Returns the server object (its ``action_format``, for a Gymnasium env, states the answer format).
 
     Raises:
         ConfigError: the id is unknown, the module does not import, the game needs the network, ...
@@ -98,7 +100,7 @@ def check_hosted(instance: str, config: dict[str, Any]) -> None:
     else:
         from nemo_gym_env.bridge.textarena_game import TextArenaServer as server_cls
     try:
-        server_cls.from_config(config, instance)
+        return server_cls.from_config(config, instance)
     except ConfigError as exc:
         raise ConfigError(f"{instance}: {exc}") from None
     except ValidationError as exc:

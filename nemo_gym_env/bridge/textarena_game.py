@@ -128,7 +128,7 @@ class _Rng:
         if self.state is not None:
             random.setstate(self.state)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.state = random.getstate()
         random.setstate(self.outside)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -41,7 +43,7 @@ CLOSED: list[int] = []
 class Counter(gym.Env):
     """Counts to a target drawn from the seed; ``raise_at`` makes step raise there, ``raise_reset`` reset."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict] = {"render_modes": ["ansi"]}
 
     def __init__(self, render_mode=None, raise_at: int | None = None, raise_reset: bool = False):
         self.render_mode = render_mode

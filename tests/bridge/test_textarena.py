@@ -43,7 +43,7 @@ def raw_reward(game: str, seed: int, moves: list[str]) -> float:
     moves = list(moves)
     done = False
     while not done:
-        player, observation = env.get_observation()
+        player, _ = env.get_observation()
         move = moves.pop(0) if player == 0 else BUILTIN_OPPONENTS["TicTacToe"]("", env)
         done, _ = env.step(action=move)
     assert not moves, "the raw game ended before the moves did"
