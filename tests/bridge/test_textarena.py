@@ -8,7 +8,6 @@ player's reward from ``env.close()`` must equal the episode's return.
 
 from __future__ import annotations
 
-import importlib
 import random
 
 import gymnasium as gym
@@ -19,20 +18,16 @@ from nemo_gym_env.bridge.opponents import BUILTIN_OPPONENTS
 from nemo_gym_env.bridge.targets import check_hosted, target_config
 from nemo_gym_env.bridge.textarena_game import TextArenaServer
 from nemo_gym_env.errors import ConfigError
-from nemo_gym_env.protocol.items import content_text
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.testing import app_client, assistant_message
+
+from .playing import play_rollouts, play_vector, player, said
 
 ta = pytest.importorskip("textarena")
 
 GAMES = {"textarena_tower_of_hanoi": "TowerOfHanoi-v0", "textarena_sudoku": "Sudoku-v0-easy",
          "textarena_guess_the_number": "GuessTheNumber-v0", "textarena_tic_tac_toe": "TicTacToe-v0"}
 ROW = {"responses_create_params": {"input": [{"role": "system", "content": "play"}]}}
-
-
-def said(items) -> list[str]:
-    return [content_text(m.get("content")) for m in items if m.get("type", "message") == "message"
-            and m.get("role") == "user"]
 
 
 def raw_reward(game: str, seed: int, moves: list[str]) -> float:
@@ -55,7 +50,7 @@ def raw_reward(game: str, seed: int, moves: list[str]) -> float:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("server", sorted(GAMES))
 def test_gym_make_returns_textarenas_own_reward_seed_by_seed(server):
-    play = importlib.import_module(f"nemo_gym_env.servers.{server}.scripted").scripted_action
+    play = player(server)
     env = gym.make(f"NemoGym/{server}-v0", max_steps=120)
     try:
         for seed in range(3):
@@ -75,6 +70,26 @@ def test_gym_make_returns_textarenas_own_reward_seed_by_seed(server):
             assert total == expected, (server, seed, info.get("reason"))
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("server", ["textarena_tower_of_hanoi", "textarena_guess_the_number", "textarena_tic_tac_toe"])
+def test_the_vector_env_returns_textarenas_own_rewards(server):
+    for episode in play_vector(server, 3, 50, 120):
+        assert episode["end"] == (True, False)
+        assert episode["return"] == raw_reward(GAMES[server], episode["seed"], episode["moves"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1300)
+def test_rollouts_rows_hold_textarenas_own_rewards(tmp_path):
+    rows = play_rollouts(sorted(GAMES), tmp_path / "rollouts.jsonl", 120)
+    assert len(rows) == 8 * len(GAMES)
+    for row in rows:
+        game = GAMES[row["agent_ref"]["name"]]
+        assert row["reward"] == raw_reward(game, row["seed"], row["moves"]), (game, row["seed"])
+        assert (row["terminated"], row["truncated"]) == (True, False)
 
 
 def test_interleaved_sessions_draw_the_same_games_as_alone():

@@ -8,7 +8,6 @@ row's seed, and the returns (and where the episode ended) must be equal.
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import gymnasium as gym
@@ -17,9 +16,8 @@ import pytest
 import nemo_gym_env  # noqa: F401 - registers the ids
 from nemo_gym_env.bridge.gymnasium_env import GymnasiumEnvServer
 from nemo_gym_env.launch.catalog import bundled_spec
-from nemo_gym_env.protocol.items import content_text
 
-from ..cli.conftest import read_jsonl, run_cli
+from .playing import play_rollouts, play_vector, player, said
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -29,17 +27,8 @@ SEEDS = range(6)
 MAX_STEPS = 250
 
 
-def player(server: str):
-    return importlib.import_module(f"nemo_gym_env.servers.{server}.scripted").scripted_action
-
-
 def action_format(server: str):
     return GymnasiumEnvServer.from_config(bundled_spec(server).config, server).action_format
-
-
-def said(items) -> list[str]:
-    return [content_text(m.get("content")) for m in items if m.get("type", "message") == "message"
-            and m.get("role") == "user"]
 
 
 def raw_return(env_id: str, seed: int, actions: list[int]) -> tuple[float, bool, bool]:
@@ -102,48 +91,21 @@ def test_the_same_seed_plays_the_same_episode_and_a_generic_id_serves_any_regist
         other.close()
 
 
-@pytest.mark.parametrize("server", ["taxi", "blackjack"])
+@pytest.mark.parametrize("server", sorted(TOY_TEXT))
 def test_the_vector_env_returns_the_raw_envs_returns(server):
-    play, fmt = player(server), action_format(server)
-    num = 4
-    envs = gym.make_vec(f"NemoGym/{server}-v0", num_envs=num, max_steps=MAX_STEPS, autoreset_mode="Disabled")
-    try:
-        obs, infos = envs.reset(seed=list(range(100, 100 + num)))
-        seen = [said(o) for o in obs]
-        actions: list[list[int]] = [[] for _ in range(num)]
-        totals, done, ends = [0.0] * num, [False] * num, [None] * num
-        rows = [envs.unwrapped.rows[int(i)] for i in infos["task_index"]]
-        while not all(done):
-            turns = [None if done[i] else play({}, [], observations=seen[i]) for i in range(num)]
-            for i, turn in enumerate(turns):
-                if turn is not None:
-                    actions[i].append(fmt.parse(turn[0]["content"][0]["text"]))
-            obs, rewards, terminations, truncations, _ = envs.step(turns)
-            for i in range(num):
-                if not done[i]:
-                    totals[i] += float(rewards[i])
-                    seen[i] += said(obs[i])
-                    if terminations[i] or truncations[i]:
-                        done[i], ends[i] = True, (bool(terminations[i]), bool(truncations[i]))
-        for i in range(num):
-            assert (totals[i], *ends[i]) == raw_return(TOY_TEXT[server], rows[i]["seed"], actions[i])
-    finally:
-        envs.close()
+    fmt = action_format(server)
+    for episode in play_vector(server, 4, 100, MAX_STEPS):
+        actions = [fmt.parse(move) for move in episode["moves"]]
+        assert (episode["return"], *episode["end"]) == raw_return(TOY_TEXT[server], episode["seed"], actions)
 
 
 def test_rollouts_rows_hold_the_raw_envs_returns(tmp_path):
-    out = tmp_path / "rollouts.jsonl"
-    done = run_cli("rollouts", *sorted(TOY_TEXT), "--policy", "scripted", "--max-steps", str(MAX_STEPS),
-                   "--output", str(out), timeout=800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = read_jsonl(out)
-    assert len(rows) == sum(8 for _ in TOY_TEXT)
+    rows = play_rollouts(sorted(TOY_TEXT), tmp_path / "rollouts.jsonl", MAX_STEPS)
+    assert len(rows) == 8 * len(TOY_TEXT)
     formats = {server: action_format(server) for server in TOY_TEXT}
     for row in rows:
         server = row["agent_ref"]["name"]
-        turns = [content_text(item["content"]) for item in row["response"]["output"]
-                 if item.get("type") == "message" and item.get("role") == "assistant"]
-        actions = [formats[server].parse(text) for text in turns]
+        actions = [formats[server].parse(text) for text in row["moves"]]
         total, terminated, truncated = raw_return(TOY_TEXT[server], row["seed"], actions)
         assert (row["reward"], row["terminated"], row["truncated"]) == (total, terminated, truncated), json.dumps(
             {k: row[k] for k in ("seed", "reward")})
