@@ -154,3 +154,19 @@ def test_a_game_that_cannot_run_here_fails_at_start_in_one_line(game, message):
 def test_games_that_run_offline_start(game):
     ((instance, block),) = target_config(f"textarena:{game}").items()
     check_hosted(instance, next(iter(block["resources_servers"].values())))
+
+
+def test_the_opponent_can_be_a_model_behind_an_openai_compatible_endpoint():
+    """``opponent: policy``: our OpenAI-compatible policy plays the other side over real HTTP (a scripted
+    endpoint whose answer is no move: TextArena gives the turn back, then rules it out)."""
+    from tests.fixtures.openai_server import running_server
+
+    with running_server() as base_url, app_client(TextArenaServer, {
+            "game": "TicTacToe-v0", "opponent": "policy",
+            "opponent_policy": {"kind": "openai", "base_url": base_url, "model": "opponent-ttt", "api": "chat"}},
+            name="ttt_model") as client:
+        client.post("/reset", json={**ROW, "seed": 0})
+        reply = client.post("/step", json={**ROW, "response": make_response([assistant_message("[4]")])
+                                           .model_dump(mode="json")}).json()
+        assert "[Player 1] Done" in reply["observation"]  # the model's own words, as the game relays them
+        assert (reply["reward"], reply["terminated"]) == (1.0, True) and reply["info"]["opponent_moves"] >= 1
