@@ -141,10 +141,11 @@ def test_their_gymnasium_agent_plays_gymnasiums_taxi_through_our_bridge(rollouts
     for result in results:
         moves = [fmt.parse(content_text(item["content"])) for item in result["response"]["output"]
                  if item.get("type") == "message" and item.get("role") == "assistant"]
+        seed = our_rows(TOY)[int(result["responses_create_params"]["metadata"]["scripted_task"])]["seed"]
         raw = gymnasium.make("Taxi-v4")
-        raw.reset(seed=result["seed"])
+        raw.reset(seed=seed)
         total = sum(float(raw.step(move)[1]) for move in moves)
-        assert (result["reward"], result["terminated"]) == (total, True) and total > 0, result["seed"]
+        assert (result["reward"], result["terminated"]) == (total, True) and total > 0, seed
 
 
 def test_their_07_agent_sends_the_new_create_keys_and_our_servers_keep_them(rollouts):
