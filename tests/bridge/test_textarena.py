@@ -150,10 +150,12 @@ def test_a_game_that_cannot_run_here_fails_at_start_in_one_line(game, message):
 
 
 @pytest.mark.parametrize("game", ["TowerOfHanoi-v0", "Sudoku-v0", "Minesweeper-v0", "GuessTheNumber-v0",
-                                  "Crosswords-v0", "FifteenPuzzle-v0", "TicTacToe-v0"])
+                                  "Crosswords-v0", "FifteenPuzzle-v0", "TicTacToe-v0", "ConnectFour-v0", "Nim-v0"])
 def test_games_that_run_offline_start(game):
-    ((instance, block),) = target_config(f"textarena:{game}").items()
-    check_hosted(instance, next(iter(block["resources_servers"].values())))
+    settings = {} if game != "ConnectFour-v0" and game != "Nim-v0" else {"opponent": f"{__name__}:lowest_free_cell"}
+    ((instance, block),) = target_config(f"textarena:{game}", **settings).items()
+    server = check_hosted(instance, next(iter(block["resources_servers"].values())))
+    assert server is not None
 
 
 def test_the_opponent_can_be_a_model_behind_an_openai_compatible_endpoint():
