@@ -20,7 +20,7 @@ from nemo_gym_env.checker.suite import CheckSettings, check_server
 from nemo_gym_env.cli.common import PROG, say
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.net import is_loopback
+from nemo_gym_env.system.net import is_loopback
 
 __all__ = ["add_check_parser", "cmd_check"]
 

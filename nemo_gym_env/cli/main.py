@@ -255,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # A command's module is imported only when it runs, so `--help` and `list` stay quick.
         return int(getattr(importlib.import_module(module), function)(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Stopped
         say("interrupted")
-        return 130
+        return 128 + getattr(exc, "signum", 2)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line (tracebacks with --debug)
         if debug:
             traceback.print_exc()

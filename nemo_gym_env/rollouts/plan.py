@@ -21,13 +21,13 @@ from nemo_gym_env.client.head import fetch_servers
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
-from nemo_gym_env.launch.redaction import redact
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import server_of, task_keys
 from nemo_gym_env.rollouts.manifest import RunManifest, file_digest
 from nemo_gym_env.rollouts.settings import RolloutSettings
+from nemo_gym_env.system.redaction import redact
 
 __all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "Task", "load_run_config", "plan_rollouts", "route_row"]
 

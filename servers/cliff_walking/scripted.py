@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 
 __all__ = ["scripted_action"]
 

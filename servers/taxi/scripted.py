@@ -18,7 +18,7 @@ import re
 from collections import deque
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 
 __all__ = ["next_move", "scripted_action"]
 

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from nemo_gym_env.bridge.opponents import tic_tac_toe_move
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 
 __all__ = ["read_board", "scripted_action"]
 

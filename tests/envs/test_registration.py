@@ -16,7 +16,7 @@ from gymnasium.envs.registration import load_env_creator
 import nemo_gym_env
 from nemo_gym_env.envs import make
 from nemo_gym_env.envs.registration import GENERIC_ID, HOSTED_IDS, MIXTURE_ID, env_id, register_envs
-from nemo_gym_env.launch.child_env import SERVER_ENV
+from nemo_gym_env.system.child_env import SERVER_ENV
 
 from ..conftest import BUNDLED
 
