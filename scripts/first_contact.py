@@ -50,6 +50,13 @@ EXAMPLE_SERVER = "example_multi_step"
 """The server the core install plays with ``--policy scripted``."""
 
 
+PIP_NOISE = ("WARNING: Location", "Looking in", "Processing ", "Collecting ", "Downloading ", "Using cached",
+             "Requirement already", "Obtaining ", "Installing build", "Checking if", "Getting requirements",
+             "Preparing ", "Building ", "Created wheel", "Stored in", "Attempting uninstall", "Found existing",
+             "Uninstalling ", "Successfully uninstalled")
+"""Progress lines of pip not shown (they are in the step's log)."""
+
+
 class StepFailed(Exception):
     """A step's check did not hold; the message says which and what was seen."""
 
@@ -84,7 +91,7 @@ def run(command: list[str] | str, cwd: Path, env: dict[str, str], timeout_s: flo
         for line in proc.stdout:
             lines.append(line)
             out.write(line)
-            if not line.startswith(("WARNING: Location", "  Downloading", "  Using cached")):
+            if not line.lstrip().startswith(PIP_NOISE) and "━━" not in line:
                 sys.stdout.write(f"    {line}")
             if time.monotonic() > deadline:
                 break
