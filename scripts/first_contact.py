@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from readme_commands import named_extras, readme_command, steps  # noqa: E402
+from readme_commands import named_extras, readme_command, steps
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = Path("results/rollouts.jsonl")
@@ -200,7 +200,7 @@ class FirstContact:
             if not match:
                 raise StepFailed(f"view printed no URL on its first line: {first!r} (log: {self.logs / 'view.log'})")
             base = match[1]
-            status, kind, page = get(base + "/")
+            _, kind, page = get(base + "/")
             if "html" not in kind:
                 raise StepFailed(f"GET / answered {kind}, not HTML")
             assets = re.findall(rb'(?:src|href)="(/static/[^"]+)"', page)

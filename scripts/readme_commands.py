@@ -24,7 +24,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 NAMES = ("main-job", "tests")
 """The marked commands: the main job a new user runs first, and the contributor's test command."""
 
-_BLOCK = re.compile(r"^<!-- command: (?P<name>[\w-]+) -->\n```(?:bash|sh)?\n(?P<body>.*?)\n```", re.M | re.S)
+_BLOCK = re.compile(r"^<!-- command: (?P<name>[\w-]+) -->\n```(?:bash|sh)?\n(?P<body>.*?)\n```", re.MULTILINE | re.DOTALL)
 _EXTRAS = re.compile(r"""pip install -e ["']?\.\[(?P<extras>[^\]]*)\]""")
 _STEP = re.compile(r"\s*&&\s*")
 
