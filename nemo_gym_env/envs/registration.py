@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["GENERIC_ID", "MIXTURE_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
+__all__ = ["GENERIC_ID", "HOSTED_IDS", "MIXTURE_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
 
 NAMESPACE = "NemoGym"
 GENERIC_ID = f"{NAMESPACE}/Generic-v0"
@@ -20,6 +20,10 @@ GENERIC_ID = f"{NAMESPACE}/Generic-v0"
 MIXTURE_ID = f"{NAMESPACE}/Mixture-v0"
 """Several envs by weight in one vector env: ``gym.make_vec(MIXTURE_ID, num_envs=..., envs={id: weight})``
 (:mod:`nemo_gym_env.envs.mixture`)."""
+
+HOSTED_IDS = {f"{NAMESPACE}/Gymnasium-v0": "gymnasium", f"{NAMESPACE}/TextArena-v0": "textarena"}
+"""Another library's env served for you: ``gym.make("NemoGym/Gymnasium-v0", env_id="FrozenLake-v1")``,
+``gym.make("NemoGym/TextArena-v0", game="TowerOfHanoi-v0")`` (:mod:`nemo_gym_env.bridge`)."""
 
 ENTRY_POINT = "nemo_gym_env.envs.make:make_env"
 VECTOR_ENTRY_POINT = "nemo_gym_env.envs.make:make_vector_env"
@@ -57,6 +61,11 @@ def register_envs() -> list[str]:
             kwargs={} if name is None else {"server": name},
             nondeterministic=name in NONDETERMINISTIC,
         )
+    for this_id, library in HOSTED_IDS.items():
+        ids.append(this_id)
+        if this_id not in gym.registry:
+            gym.register(id=this_id, entry_point=ENTRY_POINT, vector_entry_point=VECTOR_ENTRY_POINT,
+                         kwargs={"library": library})
     ids.append(MIXTURE_ID)
     if MIXTURE_ID not in gym.registry:
         gym.register(id=MIXTURE_ID, entry_point="nemo_gym_env.envs.make:make_mixture",

@@ -43,7 +43,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
 from nemo_gym_env.errors import ConfigError
-from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 from nemo_gym_env.protocol.metrics import aggregate_metrics
 from nemo_gym_env.protocol.types import (
@@ -67,6 +66,7 @@ from nemo_gym_env.server.middleware import (
 )
 from nemo_gym_env.server.serving import serve_server
 from nemo_gym_env.server.sessions import SessionStore
+from nemo_gym_env.system.child_env import SESSION_SECRET_ENV
 
 __all__ = ["LIVENESS_ROUTES", "STEP_REWARD_HEADER", "BaseResourcesServerConfig", "CloseSessionRequest",
            "SimpleResourcesServer", "set_step_reward"]

@@ -21,7 +21,7 @@ player asks for with the session's cookie, and verify the episode::
   instance block of its ``configs/<name>.yaml``;
 - :func:`app_client`: a ``TestClient`` of a server class (or object) and its config;
 - :func:`assistant_message`, :func:`function_call`, :func:`reasoning`: the items a model turn
-  holds (from :mod:`~nemo_gym_env.server.scripting`);
+  holds (from :mod:`~nemo_gym_env.protocol.scripting`);
 - :func:`verify`: ``POST /verify`` with a row and the episode's items;
 - :func:`play`: one scripted episode against the tool routes, verified;
 - :func:`play_steps`: one scripted episode of a Gymnasium-protocol server (``/reset``, ``/step``);
@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.scripting import assistant_message, function_call, reasoning
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.scripting import assistant_message, function_call, reasoning
 
 __all__ = [
     "ScriptedAction",

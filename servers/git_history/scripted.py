@@ -23,7 +23,7 @@ from typing import Any
 
 from nemo_gym_env.protocol.dataset import input_items
 from nemo_gym_env.protocol.items import content_text
-from nemo_gym_env.server.scripting import CALL_ID, assistant_message, field, function_call, turn_of
+from nemo_gym_env.protocol.scripting import CALL_ID, assistant_message, field, function_call, turn_of
 
 __all__ = ["parse_log", "scripted_action"]
 

@@ -24,7 +24,7 @@ from nemo_gym_env import NemoGymEnv
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs import protocols
-from nemo_gym_env.server.scripting import assistant_message, function_call
+from nemo_gym_env.protocol.scripting import assistant_message, function_call
 
 from .ng07 import ng07_python, their_rows, their_server
 
