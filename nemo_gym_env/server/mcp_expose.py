@@ -339,7 +339,16 @@ class _Endpoint:
 
 
 def expose_over_mcp(server: Any, app: FastAPI) -> McpExposure:
-    """Serve ``server``'s tools at ``/mcp`` on ``app`` (called by ``build_app`` when the config asks)."""
+    """Serve ``server``'s tools at ``/mcp`` on ``app`` (called by ``build_app`` when the config asks).
+
+    Raises:
+        ConfigError: the server does not speak the tools protocol (``/seed_session``, tools, ``/verify``).
+    """
+    posts = {route.path for route in app.routes if isinstance(route, APIRoute) and "POST" in route.methods}
+    if not {"/seed_session", "/verify"} <= posts:
+        raise ConfigError(f"{type(server).__name__} ({server.config.name}): expose_tools_over_mcp serves the tools "
+                          "protocol (/seed_session, tools, /verify), which this server does not speak (a Gymnasium-"
+                          "protocol server: /reset, /step); serve it without --mcp")
     exposure = McpExposure(server, app)
     exposure.install()
     return exposure

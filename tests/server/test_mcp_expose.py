@@ -279,3 +279,11 @@ def test_abandoned_and_evicted_episodes_are_reaped():
         asyncio.run(scenario())
     finally:
         stop_serve(proc)
+
+
+def test_a_gymnasium_protocol_server_refuses_mcp_clearly():
+    from nemo_gym_env.errors import ConfigError
+    from nemo_gym_env.servers.guess_number.app import GuessNumberServer
+
+    with pytest.raises(ConfigError, match="does not speak .*serve it without --mcp"):
+        GuessNumberServer.from_config({"expose_tools_over_mcp": True}).build_app()
