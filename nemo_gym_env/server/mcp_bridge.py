@@ -71,6 +71,7 @@ from nemo_gym_env.protocol.types import (
 from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer
 from nemo_gym_env.server.mcp_upstream import McpConnection, McpServerSpec
 from nemo_gym_env.server.middleware import add_lifespan
+from nemo_gym_env.server.sessions import SessionStore
 
 __all__ = ["McpResourcesServer", "McpResourcesServerConfig", "VerifyTool", "load_function", "result_text",
            "reward_of"]
@@ -171,9 +172,15 @@ class McpResourcesServer(SimpleResourcesServer):
 
     config: McpResourcesServerConfig
     _tools: list[Tool] = PrivateAttr(default_factory=list)
-    _upstreams: dict[str, _Upstream] = PrivateAttr(default_factory=dict)
+    _upstreams: SessionStore[_Upstream] = PrivateAttr()
     _closing: set[asyncio.Task[None]] = PrivateAttr(default_factory=set)
     _verify_function: Callable[..., Any] | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        # The MCP connections are session state of their own: the same cap and idle TTL, and closed when dropped.
+        self._upstreams = SessionStore(self.config.max_sessions, self.config.session_ttl_s,
+                                       on_drop=self._schedule_close)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -235,7 +242,7 @@ class McpResourcesServer(SimpleResourcesServer):
             yield
         finally:
             reaper.cancel()
-            upstreams, self._upstreams = list(self._upstreams.values()), {}
+            upstreams = [u for u in (self._upstreams.pop(sid, None) for sid in list(self._upstreams)) if u]
             await asyncio.gather(*(self._close(u) for u in upstreams), *self._closing, return_exceptions=True)
 
     async def _reap_forever(self) -> None:
@@ -244,11 +251,9 @@ class McpResourcesServer(SimpleResourcesServer):
             self.reap()
 
     def reap(self) -> int:
-        """Close the MCP connections of sessions the store no longer holds (expired, evicted); returns how many."""
-        stale = [sid for sid in list(self._upstreams) if sid not in self.sessions]
-        for sid in stale:
-            self.release_session(sid)
-        return len(stale)
+        """Close the MCP connections of sessions idle past the TTL (the store drops them, even when no
+        request comes to do it); returns how many stay open."""
+        return len(self._upstreams)
 
     # ---- sessions -----------------------------------------------------------------------------
 
@@ -282,9 +287,16 @@ class McpResourcesServer(SimpleResourcesServer):
         super().release_session(session_id)
         upstream = self._upstreams.pop(session_id, None)
         if upstream is not None:
-            task = asyncio.get_running_loop().create_task(self._close(upstream))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._schedule_close(upstream)
+
+    def _schedule_close(self, upstream: _Upstream) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (the app is not serving): nothing of it is running either
+            return
+        task = loop.create_task(self._close(upstream))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def seed_session(self, request: Request, body: BaseSeedSessionRequest) -> Any:
         """Open this session's own MCP client session (and server process, for stdio); 503 if it cannot start."""
@@ -298,7 +310,6 @@ class McpResourcesServer(SimpleResourcesServer):
         except McpError as exc:
             return JSONResponse({"error": f"{self.label}: POST /seed_session: {exc}"}, status_code=503)
         self._upstreams[sid] = upstream
-        self.sessions[sid] = row
         return {}
 
     # ---- tools --------------------------------------------------------------------------------
@@ -315,7 +326,7 @@ class McpResourcesServer(SimpleResourcesServer):
         sid = self.session_id(request)
         upstream = self._upstreams.get(sid)
         where = f"{self.label}: POST /{name}"
-        if upstream is None or sid not in self.sessions:
+        if upstream is None:
             return JSONResponse({"error": f"{where}: this episode has no MCP session: POST /seed_session first "
                                           "(it may also have been closed, verified or expired)"}, status_code=409)
         try:
