@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.envs.registration import server_name
 from nemo_gym_env.envs.vector import NemoGymVectorEnv
 from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError
@@ -158,7 +158,10 @@ class RayVectorEnv(NemoGymVectorBase):
         if num_workers < 1 or num_envs < num_workers:
             raise ValueError(f"need 1 <= num_workers <= num_envs, got num_workers={num_workers}, num_envs={num_envs}")
         if server is not None and "/" in server:
-            server = _server_of_id(server)
+            named = server_name(server)
+            if named is None:
+                raise ValueError(f"{server} names no bundled server; pass base_url (and dataset) instead")
+            server = named
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.num_envs = num_envs
         self.call_timeout_s = call_timeout_s
@@ -361,10 +364,3 @@ class RayVectorEnv(NemoGymVectorBase):
                         for j in range(shard.size)]
         return [(([], 0.0, False, True, dict(info)), None) for _ in range(shard.size)]
 
-
-def _server_of_id(env_id: str) -> str:
-    spec = gym.spec(env_id)
-    server = spec.kwargs.get("server")
-    if server is None:
-        raise ValueError(f"{env_id} names no bundled server; pass base_url (and dataset) instead")
-    return server
