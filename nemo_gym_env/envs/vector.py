@@ -36,7 +36,7 @@ from gymnasium.vector import AutoresetMode
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode
-from nemo_gym_env.envs.protocols import open_episode, server_traits
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
