@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
 BUNDLED = sorted(bundled_servers())
+HOSTED = sorted(name for name, folder in bundled_servers().items()
+                if "nemo_gym_env.bridge" in (folder / "app.py").read_text())
+"""Bundled servers that host another library's env (the bridge): their rewards are that env's own
+(a taxi's -1 a step, a blackjack loss), checked against the raw env in tests/bridge."""
+JUDGED = [name for name in BUNDLED if name not in HOSTED]
+"""Bundled servers whose ``/verify`` judges the episode: a correct play scores 1.0, a wrong one 0.0."""
 TESTS = Path(__file__).resolve().parent
 SHARED_STACKS = {
     "interop": "one ng_run of NeMo Gym 0.4.0 (the package-scoped ng_stack fixture)",

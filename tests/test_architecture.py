@@ -139,7 +139,7 @@ def test_imports_follow_the_layer_table() -> None:
 def test_a_wrong_way_import_is_named_with_its_file_and_rule(tmp_path: Path) -> None:
     wrong = tmp_path / "head.py"
     wrong.write_text("import json\n\ndef f():\n    from nemo_gym_env.launch.config import load_config\n")
-    offences = _layer_offences({"nemo_gym_env.client.head": wrong}, LAYERS)
+    offences = _layer_offences({"nemo_gym_env.client.head_client": wrong}, LAYERS)
     assert offences == [f"{wrong}:4: imports nemo_gym_env.launch.config, but `client` may import only protocol, "
                         "system (docs/architecture.md, the layer table)"]
 
@@ -285,7 +285,7 @@ DOCUMENTED = [
     ("nemo_gym_env.envs.env", ["NemoGymEnv"]),
     ("nemo_gym_env.server.workers", ["ProcessPoolRunner", "RayRunner", "TaskTimeout"]),
     ("nemo_gym_env.rollouts", ["collect", "RolloutWriter"]),
-    ("nemo_gym_env.launch.head", ["HeadServer", "public_config"]),
+    ("nemo_gym_env.launch.head_server", ["HeadServer", "public_config"]),
     ("nemo_gym_env.client", ["fetch_global_config", "fetch_servers"]),
     ("nemo_gym_env.protocol.parser", ["render_tool_call", "parse_model_text"]),
     ("nemo_gym_env.client.loop", ["background_loop"]),

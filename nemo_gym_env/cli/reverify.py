@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.errors import Stopped, UsageError
 from nemo_gym_env.launch.config import server_specs

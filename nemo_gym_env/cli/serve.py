@@ -12,7 +12,7 @@ from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
 from nemo_gym_env.launch.config import ServerSpec, other_instances, server_specs
-from nemo_gym_env.launch.head import HeadServer, head_address
+from nemo_gym_env.launch.head_server import HeadServer, head_address
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.system.net import is_loopback

@@ -64,11 +64,9 @@ def make_mixture_vector_env(num_envs: int = 2, **kwargs: Any) -> Any:
 
 
 def make_mixture(**kwargs: Any) -> Any:
-    """``gym.make("NemoGym/Mixture-v0")``: refused, a mixture is a vector env."""
-    from nemo_gym_env.errors import ConfigError
-
-    raise ConfigError("NemoGym/Mixture-v0 is a vector env: use gym.make_vec('NemoGym/Mixture-v0', num_envs=..., "
-                      "envs={env id: weight, ...})")
+    """``gym.make("NemoGym/Mixture-v0", envs=...)``'s entry point: a
+    :class:`~nemo_gym_env.envs.mixture_env.NemoGymMixtureEnv`, which draws its environment at each reset."""
+    return importlib.import_module("nemo_gym_env.envs.mixture_env").NemoGymMixtureEnv(**kwargs)
 
 
 def _hosted_target(server: str | None, library: str | None, env_id: str | None, game: str | None) -> str | None:

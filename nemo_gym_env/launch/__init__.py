@@ -5,7 +5,7 @@
 - :mod:`~nemo_gym_env.launch.launcher`: :class:`Launcher` runs each server as its own process
   on a socket it bound, restarts it, and stops it with its whole process group;
 - :mod:`~nemo_gym_env.launch.shared`: the process-wide servers behind ``gym.make``;
-- :mod:`~nemo_gym_env.launch.head`: the head server (where every server is, never a secret);
+- :mod:`~nemo_gym_env.launch.head_server`: the head server (where every server is, never a secret);
 - :mod:`~nemo_gym_env.launch.logs`: log folders and log streaming.
 
 Sockets, process groups, what a launcher hands its children and keeping secrets out of
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     )
     from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs, to_yaml
     from nemo_gym_env.launch.entrypoint import resolve_entrypoint
-    from nemo_gym_env.launch.head import HeadServer, public_config
+    from nemo_gym_env.launch.head_server import HeadServer, public_config
     from nemo_gym_env.launch.launcher import Launcher, ServerProcess
     from nemo_gym_env.launch.shared import acquire_server, release_server, shared_servers
 
@@ -66,7 +66,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("bundled_config_path", "bundled_dataset", "bundled_servers", "bundled_spec"),
                     "nemo_gym_env.launch.catalog"),
     **dict.fromkeys(("ServerSpec", "load_config", "server_specs", "to_yaml"), "nemo_gym_env.launch.config"),
-    **dict.fromkeys(("HeadServer", "public_config"), "nemo_gym_env.launch.head"),
+    **dict.fromkeys(("HeadServer", "public_config"), "nemo_gym_env.launch.head_server"),
     **dict.fromkeys(("Launcher", "ServerProcess", "resolve_entrypoint"), "nemo_gym_env.launch.launcher"),
     **dict.fromkeys(("acquire_server", "release_server", "shared_servers"), "nemo_gym_env.launch.shared"),
 })

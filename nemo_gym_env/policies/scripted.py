@@ -7,12 +7,11 @@ correctly (or, with ``correct=False``, deliberately wrongly) from the row's grou
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
-from nemo_gym_env.protocol.items import content_text
+from nemo_gym_env.protocol.scripting import play_turn
 
 __all__ = ["ScriptedPolicy", "scripted_player"]
 
@@ -43,15 +42,9 @@ class ScriptedPolicy(Policy):
         self.server = server
         self.correct = correct
         self._play = scripted_player(server)
-        # A player that reads the env's observations (the bridge's hosted envs) says so in its signature.
-        self._reads_observations = "observations" in inspect.signature(self._play).parameters
         self.name = f"scripted:{server}" + ("" if correct else ":wrong")
 
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
-        """The scripted next turn; reads only the row and the tool outputs seen so far."""
-        outputs = [item for item in request.history if item.get("type") == "function_call_output"]
-        if not self._reads_observations:
-            return PolicyTurn(items=self._play(request.row, outputs, correct=self.correct))
-        said = [content_text(item.get("content")) for item in [*request.input, *request.history]
-                if item.get("type", "message") == "message" and item.get("role") == "user"]
-        return PolicyTurn(items=self._play(request.row, outputs, correct=self.correct, observations=said))
+        """The scripted next turn; reads only the row and what the episode showed so far."""
+        return PolicyTurn(items=play_turn(self._play, request.row, request.input, request.history,
+                                          correct=self.correct))

@@ -17,7 +17,7 @@ from typing import Any
 
 from nemo_gym_env.bridge.datasets import example_rows
 from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs

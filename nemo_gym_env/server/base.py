@@ -227,7 +227,7 @@ class SimpleResourcesServer(BaseModel):
         app.post("/seed_session")(self.seed_session)
         # Marked so that clients know: the session's state is freed here, /close_session is not needed.
         app.post("/verify", openapi_extra={RELEASES_SESSION: True})(guard_verify(self.verify))
-        # ...and say it to a GET, which is how an env asks before its first episode (envs/protocols.py).
+        # ...and say it to a GET, which is how an env asks before its first episode (envs/traits.py).
         app.get("/verify", include_in_schema=False)(_verify_is_post_only)
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.post("/close_session")(self._close_session_route)

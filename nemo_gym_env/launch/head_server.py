@@ -12,7 +12,7 @@ every secret redacted. Routes:
 - ``GET /server_instances`` -> one record per server (name, type, host, port, url, pid, status)
 
 Example:
-    >>> from nemo_gym_env.client.head import fetch_servers
+    >>> from nemo_gym_env.client.head_client import fetch_servers
     >>> from nemo_gym_env.launch import Launcher, bundled_spec
     >>> with Launcher() as launcher:                                     # doctest: +SKIP
     ...     procs = launcher.start_all([bundled_spec("example_multi_step")])
