@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nemo_gym_env.launch.catalog import bundled_servers
+from nemo_gym_env.launch.catalog import bundled_servers, missing_extra
 from nemo_gym_env.server import testing
 
 if TYPE_CHECKING:
@@ -43,6 +43,18 @@ HOSTED = sorted(name for name, folder in bundled_servers().items()
 (a taxi's -1 a step, a blackjack loss), checked against the raw env in tests/bridge."""
 JUDGED = [name for name in BUNDLED if name not in HOSTED]
 """Bundled servers whose ``/verify`` judges the episode: a correct play scores 1.0, a wrong one 0.0."""
+
+
+def with_extras(servers: list[str]) -> list[Any]:
+    """``servers`` as parameters; one whose config ``requires`` an extra not installed here is
+    skipped, saying which extra and how to install it."""
+    def marks(server: str) -> list[Any]:
+        need = missing_extra(server)
+        reason = f"{server} needs the {need} extra: pip install 'nemo-gym-env[{need}]'"
+        return [pytest.mark.skip(reason=reason)] if need else []
+
+    return [pytest.param(server, marks=marks(server)) for server in servers]
+
 TESTS = Path(__file__).resolve().parent
 SHARED_STACKS = {
     "interop": "one ng_run of NeMo Gym 0.4.0 (the package-scoped ng_stack fixture)",

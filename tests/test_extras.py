@@ -7,7 +7,10 @@ and its dependencies are silently missing.
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -63,3 +66,66 @@ def test_extras_that_name_other_extras_name_existing_ones():
             match = re.match(r"nemo-gym-env\[([^\]]+)\]", requirement)
             for extra in (match.group(1).split(",") if match else []):
                 assert extra.strip() in EXTRAS and extra.strip() == normalized(extra), (name, extra)
+
+
+def _distribution(requirement: str) -> str:
+    return normalized(re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip()).group(0))
+
+
+def _closure(extra: str) -> set[str]:
+    """The distributions ``pip install -e ".[extra]"`` brings in by name (extras of extras followed)."""
+    found = {_distribution(r) for r in PYPROJECT["project"]["dependencies"]}
+    todo, seen = [extra], set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        for requirement in EXTRAS[name]:
+            inner = re.match(r"nemo-gym-env\[([^\]]+)\]", requirement)
+            if inner:
+                todo += [e.strip() for e in inner.group(1).split(",") if e.strip() not in seen]
+            else:
+                found.add(_distribution(requirement))
+    return found
+
+
+def _core_dependencies_own() -> set[str]:
+    """What the core install's dependencies themselves require (fastapi -> starlette), as installed here."""
+    found = set()
+    for requirement in PYPROJECT["project"]["dependencies"]:
+        for inner in importlib.metadata.requires(_distribution(requirement)) or []:
+            if "extra ==" not in inner:
+                found.add(_distribution(inner))
+    return found
+
+
+MCP_CODE = [*sorted((REPO / "nemo_gym_env" / "server").glob("mcp_*.py")), *sorted((REPO / "servers" / "git_history").glob("*.py"))]
+
+
+def _third_party_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    tops = {name.split(".")[0] for name in names}
+    return {t for t in tops if t not in sys.stdlib_module_names and t not in ("nemo_gym_env", "__future__")}
+
+
+def test_the_mcp_extra_holds_every_distribution_the_mcp_code_imports():
+    """What ``nemo_gym_env/server/mcp_*.py`` and the bundled git_history import is named in the
+    ``mcp`` extra or comes with the core install (its dependencies and theirs: fastapi's starlette),
+    not only as another extra's dependency; the MCP server git_history starts is in the extra too."""
+    assert MCP_CODE and any(p.name == "mcp_expose.py" for p in MCP_CODE)
+    owners = importlib.metadata.packages_distributions()
+    modules = set().union(*(_third_party_modules(p) for p in MCP_CODE))
+    assert "mcp" in modules and "mcp_types" in modules
+    unknown = sorted(m for m in modules if m not in owners)
+    assert not unknown, f"not installed here (is the venv the README's `.[dev]`?): {unknown}"
+    needed = {normalized(d) for m in modules for d in owners[m]}
+    declared = _closure("mcp") | _core_dependencies_own()
+    assert needed - declared == set(), f"imported but not in the core install or the mcp extra: {needed - declared}"
+    assert "mcp-server-git" in declared
+
+
+def test_the_readme_test_venv_gets_the_real_mcp_servers_the_tests_wrap():
+    """``pip install -e ".[dev]"`` (the README's test command) brings the MCP SDK and the three MCP
+    servers from PyPI, so the MCP tests run in CI instead of skipping."""
+    assert {"mcp", "mcp-server-git", "mcp-server-time", "mcp-server-fetch"} <= _closure("dev")

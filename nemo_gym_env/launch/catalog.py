@@ -15,17 +15,23 @@ Paths come from the installed package (editable install or wheel), not from a ch
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.resources
+import importlib.util
+import re
 from pathlib import Path
 
 from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
 
 __all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bundled_dataset", "bundled_servers",
-           "bundled_spec"]
+           "bundled_spec", "missing_extra"]
 
 SERVERS_PACKAGE = "nemo_gym_env.servers"
 """Import name of the package holding the bundled server folders."""
+
+DISTRIBUTION = "nemo-gym-env"
+_REQUIREMENT = re.compile(r"""^\s*([A-Za-z0-9][A-Za-z0-9._-]*).*;.*\bextra\s*==\s*["']([^"']+)["']""")
 
 
 def _package_dirs() -> list[Path]:
@@ -98,3 +104,34 @@ def bundled_dataset(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"bundled server {name!r} has no example data at {path}")
     return path
+
+
+def missing_extra(name: str) -> str | None:
+    """The extra a bundled server's config says it ``requires`` (``requires: mcp``) when that
+    extra is not installed here, else None.
+
+    An extra is installed when every distribution it lists in the package's metadata is (``mcp``
+    alone does not make ``git_history`` start: it needs ``mcp-server-git`` too); without the
+    package's metadata (a bare checkout), when a module of the extra's name imports.
+
+    Raises:
+        UnknownServerError: If ``name`` is not a bundled server.
+    """
+    need = bundled_spec(name).config.get("requires")
+    return str(need) if need and not _extra_installed(str(need)) else None
+
+
+def _extra_installed(extra: str) -> bool:
+    try:
+        lines = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        lines = []
+    listed = [m.group(1) for line in lines if (m := _REQUIREMENT.match(line)) and m.group(2) == extra]
+    if not listed:
+        return importlib.util.find_spec(extra) is not None
+    for distribution in listed:
+        try:
+            importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True

@@ -19,7 +19,7 @@ from nemo_gym_env.bridge.datasets import example_rows
 from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
 from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, missing_extra
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
@@ -163,7 +163,7 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
     if not targets:  # nothing named, nothing configured: every bundled server
         names = sorted(bundled_servers())
-        missing = {n: need for n in names if (need := _missing_requirement(n))}
+        missing = {n: need for n in names if (need := missing_extra(n))}
         if missing:  # a server whose extra is not installed (textarena_*) cannot start: leave it out, say so
             say("skipping " + ", ".join(f"{n} (needs {need}: pip install 'nemo-gym-env[{need}]')"
                                         for n, need in missing.items()))
@@ -279,12 +279,6 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
 
 
 # ---- policies ----------------------------------------------------------------------------------
-
-
-def _missing_requirement(server: str) -> str | None:
-    """The module a bundled server's config says it ``requires``, when it does not import here."""
-    need = bundled_spec(server).config.get("requires")
-    return str(need) if need and importlib.util.find_spec(str(need)) is None else None
 
 
 def _has_scripted_player(server: str) -> bool:

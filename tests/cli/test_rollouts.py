@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, missing_extra
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
 
@@ -36,12 +36,8 @@ def _keys(rows: list[dict]) -> list[tuple[int, int]]:
 
 def _playable() -> list[str]:
     """Bundled servers with a scripted player whose required extra (config ``requires``) is installed."""
-    def installed(server: str) -> bool:
-        need = bundled_spec(server).config.get("requires")
-        return not need or importlib.util.find_spec(str(need)) is not None
-
     return [s for s in sorted(bundled_servers())
-            if importlib.util.find_spec(f"nemo_gym_env.servers.{s}.scripted") and installed(s)]
+            if importlib.util.find_spec(f"nemo_gym_env.servers.{s}.scripted") and not missing_extra(s)]
 
 
 def test_scripted_rollouts_on_every_bundled_server(tmp_path):
@@ -64,6 +60,9 @@ def test_scripted_rollouts_on_every_bundled_server(tmp_path):
     assert metrics["num_rollouts"] == len(rows) and metrics["num_failed"] == 0
     assert set(metrics["per_server"]) == set(servers)
     assert "mean/reward" in result.stdout and str(out) in result.stdout  # the table and the path
+    for server in sorted(bundled_servers()):  # a server whose extra is missing is left out in one clear line
+        if need := missing_extra(server):
+            assert f"{server} (needs {need}: pip install 'nemo-gym-env[{need}]')" in result.stdout + result.stderr
     assert not failures_path(out).exists()
     assert CANARY not in result.stdout + result.stderr + out.read_text()
 

@@ -102,6 +102,7 @@ def _repository(path: Path) -> Path:
 
 
 def test_git_server_on_a_temporary_repository(tmp_path):
+    pytest.importorskip("mcp_server_git")  # the mcp extra; the test extra alone brings time and fetch
     repo = _repository(tmp_path / "repo")
     config = server_folder(tmp_path, "repo_questions", {"command": "{python}",
                                                         "args": ["-m", "mcp_server_git", "--repository", str(repo)]},
@@ -156,6 +157,7 @@ def page_server() -> Iterator[str]:
 
 
 def test_fetch_server_reads_a_page_from_a_loopback_server(tmp_path, page_server):
+    pytest.importorskip("mcp_server_fetch")
     config = server_folder(tmp_path, "reader", {"command": "{python}",
                                                 "args": ["-m", "mcp_server_fetch", "--allow-private-ips"]})
     rows = [row(f"What is the word of the day on {page_server}/word ?", "marmalade")]
