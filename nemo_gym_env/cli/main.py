@@ -33,7 +33,12 @@ from nemo_gym_env import __version__
 from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
 from nemo_gym_env.errors import NemoGymError
 from nemo_gym_env.policies.factory import POLICY_KINDS
-from nemo_gym_env.rollouts.settings import DEFAULT_CONCURRENCY, LOCAL_DEFAULTS, RolloutSettings
+from nemo_gym_env.rollouts.settings import (
+    DEFAULT_CONCURRENCY,
+    ENDPOINT_DEFAULTS,
+    LOCAL_DEFAULTS,
+    RolloutSettings,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -122,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"rollouts in flight (default {DEFAULT_CONCURRENCY}; {LOCAL_DEFAULTS['concurrency']} with the local policy)")
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
-    run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
+    run.add_argument("--attempt-timeout", type=float, metavar="S",
+                     help=f"openai: each HTTP attempt's timeout (default {ENDPOINT_DEFAULTS['attempt_timeout']:g} s); "
+                          "timed-out attempts are retried within the turn's deadline")
+    run.add_argument("--turn-timeout", type=float, metavar="S",
+                     help="the deadline of one model turn, retries and their waits included (default: "
+                          f"{ENDPOINT_DEFAULTS['turn_timeout']:g} s for openai, none for local and scripted)")
     run.add_argument("--episode-reward", choices=("verify", "sum"), default="verify",
                      help="a row's reward: the /verify reward (default), or sum: plus the tools' step rewards")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
-from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
+from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
 from nemo_gym_env.launch.config import config_value
 from nemo_gym_env.launch.signals import sigterm_raises
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
@@ -28,7 +29,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         api_key=args.api_key, api=args.api, device=args.device, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
         concurrency=args.concurrency, max_steps=args.max_steps, timeout=args.timeout,
-        turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
+        attempt_timeout=args.attempt_timeout, turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
         episode_reward=args.episode_reward,
     )
 
@@ -55,6 +56,8 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     print(f"\nrollouts: {output} ({summary['num_rollouts']} rows)\nmetrics:  {metrics_path(output)}")
     if summary["num_failed"]:
         print(f"failures: {failures_path(output)}")
+    print(f"view:     {PROG} view {shlex.quote(str(output))}")
+    if summary["num_failed"]:
         say(f"{summary['num_failed']} rollout(s) failed (reasons in {failures_path(output)}); --resume retries them")
         return 1
     return 0

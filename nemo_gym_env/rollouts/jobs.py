@@ -19,7 +19,7 @@ from typing import Any
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.protocols import open_episode, server_traits
-from nemo_gym_env.errors import ActionError, ServerError
+from nemo_gym_env.errors import ActionError, PolicyTimeout, ServerError
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
@@ -30,7 +30,12 @@ from nemo_gym_env.protocol.keys import (
 )
 from nemo_gym_env.rollouts.identity import server_of, task_key, task_keys
 
-__all__ = ["RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+__all__ = ["DEADLINE_GRACE_S", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+
+DEADLINE_GRACE_S = 1.0
+"""How long past ``turn_timeout_s`` a turn is cut off here: a policy that keeps the deadline itself
+(the openai policy) ends first and says why (a timeout, or a 429 it would not wait out); this
+only stops one that does not."""
 
 
 def apply_sampling(row: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -143,13 +148,15 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
             if turn_timeout_s is None:
                 turn = await job.policy.generate(request)
             else:
-                turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s)
+                turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s + DEADLINE_GRACE_S)
             items = normalize_action(turn.action(), turn=episode.turn)
             episode.add_usage(turn.input_tokens, turn.output_tokens)
         except asyncio.CancelledError:
             raise
+        except PolicyTimeout as exc:
+            return _failure(job, "policy_timeout", f"{where}: {exc}")
         except TimeoutError:
-            return _failure(job, "policy_timeout", f"{where}: no answer within {turn_timeout_s:g} s")
+            return _failure(job, "policy_timeout", f"{where}: no answer within {turn_timeout_s:g} s (--turn-timeout)")
         except ActionError as exc:
             return _failure(job, "policy_error", f"{where} returned an invalid turn: {exc}")
         except Exception as exc:  # noqa: BLE001 - a failing policy fails this rollout, not the run
@@ -229,7 +236,7 @@ async def collect(
         skip: Identities already done (``RolloutWriter.done`` when resuming): ``(server, task key,
             rollout index)``, where server is the row's ``agent_ref.name`` or ``server_name``.
         request_timeout_s: Timeout of each server request.
-        turn_timeout_s: Timeout of each policy turn (None: the policy's own).
+        turn_timeout_s: The deadline of each policy turn (None: the policy's own), retries included.
         server_name: Recorded as ``agent_ref`` on rows without one.
         episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step rewards).
 

@@ -295,7 +295,8 @@ def _policies(plan: RolloutPlan, say: Say) -> dict[str, Policy]:
                 "policy_model_name in env.yaml (with policy_api_key)"
             )
         policy = make_policy("openai", **_given(model=model, base_url=base_url, api_key=api_key, api=settings.api,
-                                                timeout_s=settings.turn_timeout, concurrency=settings.concurrency))
+                                                timeout_s=settings.attempt_timeout, turn_timeout_s=settings.turn_timeout,
+                                                concurrency=settings.concurrency))
     else:
         say(f"loading the local model {settings.model or '(embedded SmolLM2-135M-Instruct)'} ...")
         policy = make_policy("local", **_given(model_path=settings.model, device=settings.device, seed=settings.seed))
