@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=int, metavar="N",
                      help=f"rollouts in flight (default {DEFAULT_CONCURRENCY}; {LOCAL_DEFAULTS['concurrency']} with the local policy)")
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
+    run.add_argument("--max-episode-tokens", type=int, metavar="N",
+                     help="generated tokens an episode may use; then it is scored as it stands "
+                          f"(default: none; local: {LOCAL_DEFAULTS['max_episode_tokens']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
     run.add_argument("--attempt-timeout", type=float, metavar="S",
                      help=f"openai: each HTTP attempt's timeout (default {ENDPOINT_DEFAULTS['attempt_timeout']:g} s); "

@@ -28,7 +28,8 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         stream_logs=args.debug, policy=args.policy, model=args.model, base_url=args.base_url,
         api_key=args.api_key, api=args.api, device=args.device, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
-        concurrency=args.concurrency, max_steps=args.max_steps, timeout=args.timeout,
+        concurrency=args.concurrency, max_steps=args.max_steps,
+        max_episode_tokens=args.max_episode_tokens, timeout=args.timeout,
         attempt_timeout=args.attempt_timeout, turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
         episode_reward=args.episode_reward,
     )

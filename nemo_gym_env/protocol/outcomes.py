@@ -10,7 +10,8 @@ A reward of 0.000 says nothing about why. :func:`outcome` names it, from the row
 ``bad_tool_call``    a tool call the environment could not run (:data:`TOOL_CALL_ERRORS_KEY`): a
                      ``<tool_call>`` block that is not JSON, an unknown tool, arguments that are not JSON
 ``no_tool_call``     the task offers tools and the model called none: it answered in prose
-``out_of_turns``     the model was still calling tools when the episode hit its turn limit
+``cut_off``          the episode hit its turn or token limit with the model still at it (calling tools,
+                     playing a game)
 ``partly_right``     a reward above 0 that does not pass (a partial score)
 ``wrong``            it answered (after its tool calls, if any) and the verifier said no
 ===================  ==================================================================================
@@ -43,7 +44,7 @@ OUTCOME_TEXT = {
     "right": "right",
     "bad_tool_call": "bad tool call",
     "no_tool_call": "no tool call",
-    "out_of_turns": "out of turns",
+    "cut_off": "cut off",
     "partly_right": "partly right",
     "wrong": "wrong",
 }
@@ -89,7 +90,7 @@ def outcome(row: Mapping[str, Any]) -> str:
     if _offered_tools(row) and not called:
         return "no_tool_call"
     if row.get("truncated") is True or (output and output[-1].get("type") == "function_call_output"):
-        return "out_of_turns"
+        return "cut_off"
     if reward > 0.0:
         return "partly_right"
     return "wrong"

@@ -122,8 +122,12 @@ def _failure(job: RolloutJob, kind: str, reason: str) -> dict[str, Any]:
 
 
 async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None,
-                      episode_reward: str = "verify") -> dict[str, Any]:
+                      episode_reward: str = "verify", max_episode_tokens: int | None = None) -> dict[str, Any]:
     """Play one episode: seed the session, alternate policy turns and tool calls, verify.
+
+    ``max_episode_tokens`` bounds what one episode may cost: each turn may generate at most the
+    tokens the episode has left, and once they are spent the episode is verified as it stands
+    (``truncated``), as at ``max_steps``.
 
     The row is the ``/verify`` reply, with the per-turn ``step_rewards`` and their
     ``step_reward_sum`` when the server gave step rewards (``episode_reward="sum"``: ``reward``
@@ -139,8 +143,15 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
         return _failure(job, "server_error", str(exc))
     sampling = info["sampling"]
     while not episode.done:
+        left = None if max_episode_tokens is None else max_episode_tokens - (episode.usage or {}).get("output_tokens", 0)
+        if left is not None and left <= 0:
+            await episode.finish()  # the episode's tokens are spent: scored as it stands
+            break
+        turn_sampling = dict(sampling)
+        if left is not None:
+            turn_sampling["max_output_tokens"] = min(left, turn_sampling.get("max_output_tokens") or left)
         request = PolicyRequest(
-            input=observation, history=list(episode.trajectory), tools=episode.tools, sampling=dict(sampling),
+            input=observation, history=list(episode.trajectory), tools=episode.tools, sampling=turn_sampling,
             row=job.row,
         )
         where = f"policy {job.policy.name!r} (task {job.task_index}, rollout {job.rollout_index}, turn {episode.turn})"
@@ -174,6 +185,7 @@ async def collect_jobs(
     max_steps: int = 16,
     turn_timeout_s: float | None = None,
     episode_reward: str = "verify",
+    max_episode_tokens: int | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Run jobs concurrently on the running loop, at most ``concurrency`` at a time; yield rows as they finish.
 
@@ -191,7 +203,8 @@ async def collect_jobs(
             if job is None:
                 return
             running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
-                                                        episode_reward=episode_reward)))
+                                                        episode_reward=episode_reward,
+                                                        max_episode_tokens=max_episode_tokens)))
 
     fill()
     try:

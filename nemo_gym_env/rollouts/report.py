@@ -240,7 +240,7 @@ OUTCOME_MEANING = {
     "partly_right": "a reward above 0 that does not pass",
     "no_tool_call": "the task offers tools and the model called none: it answered in prose",
     "bad_tool_call": "a tool call the environment could not run (not JSON, an unknown tool, bad arguments)",
-    "out_of_turns": "still calling tools when the episode hit --max-steps",
+    "cut_off": "the episode hit --max-steps or --max-episode-tokens with the model still at it",
     "wrong": "answered, and the verifier said no",
     "masked": "mask_sample: an infrastructure failure, not a measurement",
 }

@@ -175,7 +175,8 @@ async def _collect(make_jobs: Callable[[], Awaitable[Iterator[RolloutJob]]], wri
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         rows = collect_jobs(await make_jobs(), concurrency=settings.concurrency, max_steps=settings.max_steps,
-                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward)
+                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward,
+                            max_episode_tokens=settings.max_episode_tokens)
         async with contextlib.aclosing(rows):
             async for row in rows:
                 writer.write(row)

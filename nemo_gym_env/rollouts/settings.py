@@ -20,10 +20,12 @@ DEFAULT_OUTPUT = "results/rollouts.jsonl"
 DEFAULT_CONCURRENCY = 8
 """Rollouts in flight unless ``concurrency`` or the policy says otherwise."""
 
-LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16}
+LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16, "max_episode_tokens": 512}
 """What a run with the local policy uses where the settings leave a value unset: greedy decoding,
 a turn of at most 128 tokens (both override the dataset's, as ``--temperature`` and
-``--max-output-tokens`` do), and 16 rollouts in flight to fill the policy's batches."""
+``--max-output-tokens`` do), 16 rollouts in flight to fill the policy's batches, and at most 512
+generated tokens an episode: a model that keeps calling tools or playing a game costs at most
+four full turns, so no episode is left decoding alone long after the rest."""
 
 ENDPOINT_DEFAULTS = {"concurrency": DEFAULT_CONCURRENCY, "attempt_timeout": 20.0, "turn_timeout": 30.0}
 """What a run with the openai policy uses where the settings leave a value unset: 8 requests in
@@ -89,6 +91,9 @@ class RolloutSettings:
     """Rollouts in flight; None: :data:`DEFAULT_CONCURRENCY`, or the local policy's (:data:`LOCAL_DEFAULTS`)."""
     max_steps: int = 16
     """Model turns per episode."""
+    max_episode_tokens: int | None = None
+    """Generated tokens an episode may use over all its turns; then it is scored as it stands
+    (None: no bound; the local policy's default: :data:`LOCAL_DEFAULTS`)."""
     timeout: float = 120.0
     """Server request timeout, seconds."""
     attempt_timeout: float | None = None
@@ -106,7 +111,7 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         for name, low in (("num_repeats", 1), ("concurrency", 1), ("limit", 1), ("max_steps", 1),
-                          ("max_output_tokens", 1)):
+                          ("max_output_tokens", 1), ("max_episode_tokens", 1)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise UsageError(f"{_flag(name)} must be >= {low}, got {value}")

@@ -93,3 +93,23 @@ def test_reverify_on_the_runs_own_file_skips_game_rows_saying_which_and_why(mixe
     again = read_jsonl(folder / "results" / "rollouts_reverified.jsonl")
     assert len(again) == len(rows) - 4 and {r["agent_ref"]["name"] for r in again} == {"example_single_tool_call", "rewards"}
     assert "guess_number" not in result.stdout and "example_single_tool_call" in result.stdout
+
+
+def test_an_episode_that_spends_its_tokens_is_scored_as_it_stands(tmp_path):
+    """``--max-episode-tokens`` bounds what one episode may cost: each turn may use what is left, then it is verified."""
+    import httpx
+
+    from tests.fixtures.openai_server import running_server
+
+    with running_server() as base_url:
+        result = run_cli("rollouts", "guess_number", "--policy", "openai", "--base-url", base_url, "--model",
+                         "acts-budget", "--limit", "2", "--max-episode-tokens", "2", "--no-env-yaml", cwd=tmp_path,
+                         timeout=300)
+        last = httpx.get(f"{base_url}/_last/acts-budget", trust_env=False).json()
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(tmp_path / "results" / "rollouts.jsonl")
+    for row in rows:  # the test model's Responses replies count one output token per item: two turns, then done
+        said = [i for i in row["response"]["output"] if i.get("role") == "assistant"]
+        assert len(said) == 2 and row["truncated"] is True and row["response"]["usage"]["output_tokens"] == 2
+    assert last["max_output_tokens"] == 1  # the second turn was offered only the token left
+    assert _table_line(result.stdout, "guess_number")[-1] == "cut off 2"

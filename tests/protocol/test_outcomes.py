@@ -36,8 +36,8 @@ OUT = {"type": "function_call_output", "call_id": "c", "output": "{}"}
     (row(0.0, say("Cold."), tools=[]), "wrong"),                       # no tools offered: just wrong
     (row(0.5, say("half"), tools=[]), "partly_right"),
     (row(-0.64, say("<guess>3</guess>"), tools=[]), "wrong"),          # a game's negative return
-    (row(-0.3, say("<guess>3</guess>"), tools=[], truncated=True), "out_of_turns"),
-    (row(0.0, CALL, OUT), "out_of_turns"),                             # still calling tools at the limit
+    (row(-0.3, say("<guess>3</guess>"), tools=[], truncated=True), "cut_off"),
+    (row(0.0, CALL, OUT), "cut_off"),                             # still calling tools at the limit
     (row(0.0, say("x"), **{TOOL_CALL_ERRORS_KEY: ["Unknown tool 'nosuch'"]}), "bad_tool_call"),
     (row(0.0, say("x"), failure_kind="wrong_answer"), "wrong_answer"),  # the server's own kind
     (row(1.0, say("x"), mask_sample=True), "masked"),
