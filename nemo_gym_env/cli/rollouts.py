@@ -38,7 +38,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
 def cmd_rollouts(args: argparse.Namespace) -> int:
     """Collect rollouts: tasks x repeats through a policy against resources servers."""
     settings = settings_of(args)
-    plan = plan_rollouts(settings, say=say)
+    plan = plan_rollouts(settings, say=say, background=True)  # the model loads while the servers start
     output = Path(settings.output)
     secrets = [s for s in (settings.api_key, config_value(plan.cfg, "policy_api_key")) if s]
     if not settings.resume and output.is_file() and output.stat().st_size:

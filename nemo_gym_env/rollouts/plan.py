@@ -9,6 +9,7 @@ cannot be built) raises here, before a server is started or a row is written.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -78,7 +79,14 @@ class RolloutPlan:
     """The policy kind."""
     targets: dict[str, Target]
     policies: dict[str, Policy] = field(default_factory=dict)
-    """One per target (the same object for all, except scripted players)."""
+    """One per target (the same object for all, except scripted players); empty while :attr:`loading`."""
+    loading: concurrent.futures.Future | None = None
+    """The local model loading in the background (``plan_rollouts(background=True)``), until :meth:`ready`."""
+
+    def ready(self) -> None:
+        """Wait for a model still loading and make it every target's policy; its load error is raised here."""
+        if self.loading is not None:
+            self.policies, self.loading = self.loading.result(), None
 
     @property
     def num_tasks(self) -> int:
@@ -136,10 +144,14 @@ def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[st
     raise ValueError(f"agent_ref.name is {wanted!r}, which names none of the servers ({', '.join(names)})")
 
 
-def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None) -> RolloutPlan:
+def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None, background: bool = False,
+                  ) -> RolloutPlan:
     """Servers, tasks and policy of a run; raises :class:`~nemo_gym_env.errors.UsageError` on anything wrong.
 
     ``say`` receives the one-line notes a person should see (skipped rows, model loading).
+    ``background``: the local model loads in a thread while the run launches its servers (both
+    take seconds; :func:`~nemo_gym_env.rollouts.runner.run_plan` waits for it with
+    :meth:`RolloutPlan.ready`, and a model that cannot load fails the run there).
     """
     names = list(dict.fromkeys(settings.servers))
     launching = not (settings.head_url or settings.server_url)
@@ -168,7 +180,12 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     if not targets:
         raise UsageError("no valid task rows to run")
     plan = RolloutPlan(settings, cfg, kind, targets)
-    plan.policies = _policies(plan, say)
+    if kind == "local" and background:
+        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
+        plan.loading = loader.submit(_policies, plan, say)
+        loader.shutdown(wait=False)
+    else:
+        plan.policies = _policies(plan, say)
     return plan
 
 

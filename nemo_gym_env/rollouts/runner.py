@@ -97,6 +97,7 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
             for proc in launcher.start_all(to_launch):
                 targets[proc.name].url = proc.url
             say(f"started {len(to_launch)} server(s) in {time.monotonic() - started:.1f} s")
+        plan.ready()  # a model loading meanwhile (plan_rollouts(background=True))
         say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
             f"{', '.join(targets)}; policy {plan.describe_policy()}; output {writer.path}")
         if not remaining:

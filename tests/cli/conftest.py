@@ -23,7 +23,7 @@ import pytest
 
 from ..conftest import descendants, wait_gone
 
-__all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "mixed_rows",
+__all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "mixed_rows", "mixed_run",
            "read_jsonl", "run_cli", "run_mixed", "wait_gone"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,6 +165,16 @@ def mixed_rows() -> list[dict]:
     for row in games:
         row["agent_ref"] = {"type": "resources_servers", "name": "guess_number"}
     return weather + scored + games
+
+
+def mixed_run(folder: Path) -> subprocess.CompletedProcess:
+    """:func:`run_mixed` against its own test model process, which must succeed."""
+    from tests.fixtures.openai_server import running_server
+
+    with running_server() as base_url:
+        result = run_mixed(folder, base_url)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def run_mixed(folder: Path, base_url: str, *more: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ exits 0.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -17,20 +18,15 @@ import shlex
 import pytest
 
 from nemo_gym_env.rollouts.output import metrics_path
-from tests.cli.conftest import REWARDS_CONFIG, read_jsonl, run_cli, run_mixed
+from tests.cli.conftest import REWARDS_CONFIG, mixed_run, read_jsonl, run_cli
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    from tests.fixtures.openai_server import running_server
-
     folder = tmp_path_factory.mktemp("mixed")
-    with running_server() as base_url:
-        result = run_mixed(folder, base_url)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, result
+    return folder, mixed_run(folder)
 
 
 def _table_line(stdout: str, server: str) -> list[str]:
@@ -113,3 +109,25 @@ def test_an_episode_that_spends_its_tokens_is_scored_as_it_stands(tmp_path):
         assert len(said) == 2 and row["truncated"] is True and row["response"]["usage"]["output_tokens"] == 2
     assert last["max_output_tokens"] == 1  # the second turn was offered only the token left
     assert _table_line(result.stdout, "guess_number")[-1] == "cut off 2"
+
+
+def test_long_episodes_start_first(tmp_path):
+    """Games first, then tasks that offer tools, then the rest, whatever order the servers are named in:
+    the many-turn episodes are under way while one-turn ones fill the batch (one at a time here, so
+    the rows land in the order the rollouts started)."""
+    result = run_cli("rollouts", "math", "example_single_tool_call", "guess_number", "--policy", "scripted",
+                     "--concurrency", "1", "--limit", "2", "--no-env-yaml", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    order = [row["agent_ref"]["name"] for row in read_jsonl(tmp_path / "results" / "rollouts.jsonl")]
+    assert order == ["guess_number"] * 2 + ["example_single_tool_call"] * 2 + ["math"] * 2
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="the local policy needs torch")
+def test_a_model_that_cannot_load_while_the_servers_start_fails_the_run_in_one_line(tmp_path):
+    result = run_cli("rollouts", "example_single_tool_call", "--policy", "local", "--model", str(tmp_path / "nothing"),
+                     "--limit", "1", "--no-env-yaml", cwd=tmp_path, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "started 1 server(s)" in result.stderr  # the model loaded (and failed) while they started
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "nothing" in errors[0], result.stderr
+    assert not (tmp_path / "results" / "rollouts.jsonl").exists() or not read_jsonl(tmp_path / "results" / "rollouts.jsonl")

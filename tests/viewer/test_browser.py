@@ -184,19 +184,15 @@ def test_the_page_follows_a_file_being_written(page, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def mixed_run(tmp_path_factory):
+def mixed_results(tmp_path_factory):
     """A real ``rollouts`` run whose rows end every way a row can (masked, failure kinds, no tool call, ...)."""
-    from tests.cli.conftest import run_mixed
-    from tests.fixtures.openai_server import running_server
+    from tests.cli.conftest import mixed_run
 
     folder = tmp_path_factory.mktemp("mixed")
-    with running_server() as base_url:
-        result = run_mixed(folder, base_url)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, result.stdout
+    return folder, mixed_run(folder).stdout
 
 
-def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, mixed_run):
+def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, mixed_results):
     """What ``rollouts`` printed and wrote to its metrics file is what the viewer's summary shows, opened
     with the command the run printed last: mean reward, masked samples, pass rates, what the model did."""
     import shlex
@@ -205,7 +201,7 @@ def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, 
 
     from nemo_gym_env.protocol.outcomes import outcome_text
 
-    folder, stdout = mixed_run
+    folder, stdout = mixed_results
     printed = shlex.split(stdout.strip().splitlines()[-1].split(":", 1)[1])
     assert printed[:2] == ["nemo-gym-env", "view"]
     metrics = json.loads((folder / "results" / "rollouts_metrics.json").read_text())
