@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         "rollouts": n,
         "first_row_at_s": first_row,
         "last_row_at_s": rows_at[-1] if rows_at else None,
+        "tail_last_2_s": (rows_at[-1] - rows_at[-3]) if n > 2 else None,
         "tail_last_5_s": (rows_at[-1] - rows_at[-6]) if n > 5 else None,
         "tail_last_10pct_s": (rows_at[-1] - rows_at[-max(2, n // 10) - 1]) if n > 2 else None,
         "rate_per_10s": rate_windows,
