@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     if rows_at:
         edge = 0.0
         while edge < rows_at[-1]:
-            count = sum(1 for t in rows_at if edge <= t < edge + 10)
-            rate_windows.append({"from_s": edge, "rollouts": count, "per_s": count / 10})
-            edge += 10
+            count = sum(1 for t in rows_at if edge <= t < edge + 60)
+            rate_windows.append({"from_s": edge, "rollouts": count, "per_s": count / 60})
+            edge += 60
     by_name: dict[str, dict[str, float]] = {}
     for p, name in watcher.names.items():
         entry = by_name.setdefault(name, {"processes": 0, "cpu_s": 0.0, "peak_rss_mib": 0.0, "peak_pss_mib": 0.0})
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         "tail_last_2_s": (rows_at[-1] - rows_at[-3]) if n > 2 else None,
         "tail_last_5_s": (rows_at[-1] - rows_at[-6]) if n > 5 else None,
         "tail_last_10pct_s": (rows_at[-1] - rows_at[-max(2, n // 10) - 1]) if n > 2 else None,
-        "rate_per_10s": rate_windows,
+        "rate_per_minute": rate_windows,
         "cpu_s": {"total": servers_cpu + cli_cpu, "cli": cli_cpu, "cli_main_thread (ours: event loop)":
                   watcher.main_thread_cpu, "cli_other_threads (the model)": watcher.other_threads_cpu,
                   "servers": servers_cpu},
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_tree_pss_mib": max((s["tree_pss_mib"] for s in watcher.samples), default=0.0),
         "peak_cli_rss_mib": by_name.get("cli", {}).get("peak_rss_mib"),
         "processes": by_name,
-        "samples": watcher.samples,
+        "samples": watcher.samples[::max(1, round(5 / args.interval))],  # every 5 s: the file stays small
         "stdout": stdout[-6000:],
         "stderr_tail": "\n".join(said[-40:]),
     }
