@@ -4,7 +4,9 @@
 :class:`RolloutPlan`: the merged config, one :class:`Target` per server (launched by the run,
 or already running behind a URL or a head server) holding its task rows, and one policy per
 target. Every mistake (an unknown server, an invalid row with ``strict``, a policy that
-cannot be built) raises here, before a server is started or a row is written.
+cannot be built) raises here, before a server is started or a row is written; only a local
+model loading in the background (``background=True``, what the command does) fails later, in
+:meth:`RolloutPlan.ready`, before a row is written.
 """
 
 from __future__ import annotations
