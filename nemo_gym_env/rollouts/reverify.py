@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.envs.protocols import server_traits
+from nemo_gym_env.envs.traits import server_traits
 from nemo_gym_env.errors import ServerError, UsageError
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
