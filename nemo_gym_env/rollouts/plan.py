@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.bridge.datasets import example_rows
-from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
+from nemo_gym_env.bridge.targets import check_hosted, hosted_library, is_hosted, is_target, target_config
 from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
@@ -175,13 +175,8 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None,
     targets = _targets(settings, names, cfg)
     kind = _policy_kind(settings)
     settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
-    if not targets:  # nothing named, nothing configured: every bundled server
-        names = sorted(bundled_servers())
-        missing = {n: need for n in names if (need := _missing_requirement(n))}
-        if missing:  # a server whose extra is not installed (textarena_*) cannot start: leave it out, say so
-            say("skipping " + ", ".join(f"{n} (needs {need}: pip install 'nemo-gym-env[{need}]')"
-                                        for n, need in missing.items()))
-            names = [n for n in names if n not in missing]
+    if not targets:  # nothing named, nothing configured: every bundled server that judges its episodes
+        names = _default_servers(say)
         if kind == "scripted":
             unplayable = [n for n in names if not _has_scripted_player(n)]
             if unplayable:
@@ -298,6 +293,26 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
 
 
 # ---- policies ----------------------------------------------------------------------------------
+
+
+def _default_servers(say: Say) -> list[str]:
+    """The bundled servers a run with none named plays: those that judge an episode, whose extra is installed.
+
+    The hosted envs (Gymnasium's toy text, TextArena's games: other libraries' envs with their own
+    returns, many turns each) are left out, named in one line: ``nemo-gym-env rollouts frozen_lake``
+    plays one. A server whose config ``requires`` a module that does not import is left out too.
+    """
+    names = sorted(bundled_servers())
+    needs = {n: need for n in names if (need := _missing_requirement(n))}
+    hosted = [n for n in names if hosted_library(bundled_spec(n).config)]
+    if hosted:
+        say("not run unless named: the hosted envs " + ", ".join(
+            n + (f" (needs pip install 'nemo-gym-env[{needs[n]}]')" if n in needs else "") for n in hosted)
+            + f"; e.g. `nemo-gym-env rollouts {hosted[0]}`")
+    missing = [n for n in names if n in needs and n not in hosted]
+    if missing:  # a server whose extra is not installed cannot start: leave it out, say so
+        say("skipping " + ", ".join(f"{n} (needs {needs[n]}: pip install 'nemo-gym-env[{needs[n]}]')" for n in missing))
+    return [n for n in names if n not in hosted and n not in needs]
 
 
 def _missing_requirement(server: str) -> str | None:
