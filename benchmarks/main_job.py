@@ -2,9 +2,9 @@
 
 Question: where do the main job's wall time, CPU and memory go, and which part is the model's?
 
-The command runs as a user runs it (the embedded local model, every bundled server's example
-tasks) in a fresh folder. Every ``--interval`` seconds the watcher reads ``/proc`` for the whole
-process tree: each process's resident memory (RSS, and PSS, which counts a shared page once) and
+The command runs as a user runs it (the embedded local model, the example tasks of every
+bundled server that judges its episodes) in a fresh folder. Every ``--interval`` seconds the
+watcher reads ``/proc`` for the whole process tree: each process's resident memory (RSS, and PSS, which counts a shared page once) and
 CPU time, and for the command's own process the CPU time of each thread: its main thread runs
 the event loop (episodes, HTTP, JSON: ours), every other thread is the model (the decoding
 worker and torch's threads). The rows of ``results/rollouts.jsonl`` are counted as they appear:

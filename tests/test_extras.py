@@ -10,6 +10,7 @@ each extra's commands run in a virtualenv that holds exactly that extra's instal
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -124,3 +125,32 @@ def test_each_install_runs_its_commands_with_only_what_it_holds(extras, tmp_path
         done = subprocess.run([str(python), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=900, check=False)
         assert done.returncode == 0, f"pip install 'nemo-gym-env[{','.join(extras)}]' then {command}:\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_with_no_server_named_leaves_out_what_this_install_cannot_start(tmp_path):
+    """The core install has none of ``math``, ``reasoning-gym``, ``textarena``: ``rollouts`` with no
+    server named starts none of the servers that need them, says which it left out and what to install, and
+    plays the other judged servers."""
+    from nemo_gym_env.launch.catalog import bundled_servers, bundled_spec
+    from tests.fixtures.installs import linked_venv
+
+    needs = {n: bundled_spec(n).config.get("requires") for n in bundled_servers()}
+    needs = {n: extra for n, extra in needs.items() if extra}
+    assert needs.get("math") == "math" and needs.get("reasoning_gym") == "reasoning-gym", needs
+    assert "textarena" in needs.values(), needs
+    assert set(needs.values()) <= set(EXTRAS), f"a config `requires` an extra pyproject.toml lacks: {needs}"
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    python = linked_venv(tmp_path / "venv", [])
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run([str(python), "-m", "nemo_gym_env.cli", "rollouts", "--policy", "scripted", "--limit", "1",
+                           "-o", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stderr
+    for name, extra in needs.items():
+        assert f"{name} (needs pip install 'nemo-gym-env[{extra}]')" in said, said
+    played = {json.loads(line)["agent_ref"]["name"] for line in out.read_text().splitlines()}
+    assert played and not played & set(needs), played
+    assert {"example_single_tool_call", "guess_number", "mcqa"} <= played, played

@@ -2,7 +2,7 @@
 
 NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with no network::
 
-    nemo-gym-env rollouts                                   # every bundled server, the local model
+    nemo-gym-env rollouts                                   # the bundled judged servers, the local model
     nemo-gym-env rollouts --policy openai                   # the endpoint of env.yaml
     nemo-gym-env serve example_multi_step                   # servers + head server on :11000
     nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         parents=[common],
         description="NeMo-Gym-style resources servers: serve them, collect rollouts, scaffold and check.",
-        epilog=f"`{PROG} rollouts` with no arguments: every bundled server's example tasks with the local model.",
+        epilog=f"`{PROG} rollouts` with no arguments: the example tasks of every bundled server that judges its "
+        "episodes (hosted envs run when named) with the local model.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -91,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="collect rollouts (like ng_collect_rollouts)",
         description=_wrap("Run each task of a JSONL dataset through a policy against resources servers and write one "
         "row per rollout (NeMo Gym's format: the /verify reply plus _ng_task_index and _ng_rollout_index). "
-        "Servers are launched by the command (bundled NAMEs, +config_paths=[...], or every bundled server when "
-        "none is named) or already running (--head-url, --server-url)."),
+        "Servers are launched by the command (bundled NAMEs, +config_paths=[...], or, when none is named, every "
+        "bundled server that judges its episodes: the hosted Gymnasium and TextArena envs run when named) or already running (--head-url, --server-url)."),
         epilog=f"examples:\n  {PROG} rollouts\n  {PROG} rollouts --policy openai            # endpoint from env.yaml\n"
         f"  {PROG} rollouts example_multi_step --policy scripted --num-repeats 4\n"
         f"  {PROG} rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai --resume",

@@ -15,14 +15,16 @@ Paths come from the installed package (editable install or wheel), not from a ch
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.resources
+import re
 from pathlib import Path
 
 from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
 
 __all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bundled_dataset", "bundled_servers",
-           "bundled_spec"]
+           "bundled_spec", "missing_extra"]
 
 SERVERS_PACKAGE = "nemo_gym_env.servers"
 """Import name of the package holding the bundled server folders."""
@@ -98,3 +100,41 @@ def bundled_dataset(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"bundled server {name!r} has no example data at {path}")
     return path
+
+
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)[^;]*;.*\bextra\s*==\s*[\"']([^\"']+)[\"']")
+
+
+def missing_extra(name: str) -> str | None:
+    """The extra a bundled server's config ``requires`` (``requires: math``), when it is not installed here.
+
+    An extra counts as installed when every distribution it lists in this package's metadata is;
+    the package's own extras (``nemo-gym-env[a]`` inside another) are followed.
+    """
+    extra = bundled_spec(name).config.get("requires")
+    if not extra:
+        return None
+    try:
+        requirements = importlib.metadata.requires("nemo-gym-env") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree: nothing to tell
+        return None
+    def normalized(name: str) -> str:  # PEP 685: how pip compares extras
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    wanted, seen, dists = {normalized(str(extra))}, set(), []
+    while wanted - seen:
+        current = (wanted - seen).pop()
+        seen.add(current)
+        for text in requirements:
+            match = _REQUIREMENT.match(text)
+            if match and normalized(match[2]) == current:
+                if normalized(match[1]) == "nemo-gym-env":
+                    wanted |= {normalized(e) for e in re.findall(r"[\w.-]+", text[text.index("[") + 1:text.index("]")])}
+                else:
+                    dists.append(match[1])
+    for dist in dists:
+        try:
+            importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return str(extra)
+    return None

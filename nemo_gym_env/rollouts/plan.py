@@ -22,7 +22,13 @@ from nemo_gym_env.bridge.datasets import example_rows
 from nemo_gym_env.bridge.targets import check_hosted, hosted_library, is_hosted, is_target, target_config
 from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
+from nemo_gym_env.launch.catalog import (
+    bundled_config_path,
+    bundled_dataset,
+    bundled_servers,
+    bundled_spec,
+    missing_extra,
+)
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
@@ -300,10 +306,10 @@ def _default_servers(say: Say) -> list[str]:
 
     The hosted envs (Gymnasium's toy text, TextArena's games: other libraries' envs with their own
     returns, many turns each) are left out, named in one line: ``nemo-gym-env rollouts frozen_lake``
-    plays one. A server whose config ``requires`` a module that does not import is left out too.
+    plays one. A server whose config ``requires`` an extra that is not installed is left out too.
     """
     names = sorted(bundled_servers())
-    needs = {n: need for n in names if (need := _missing_requirement(n))}
+    needs = {n: need for n in names if (need := missing_extra(n))}
     hosted = [n for n in names if hosted_library(bundled_spec(n).config)]
     if hosted:
         say("not run unless named: the hosted envs " + ", ".join(
@@ -311,14 +317,8 @@ def _default_servers(say: Say) -> list[str]:
             + f"; e.g. `nemo-gym-env rollouts {hosted[0]}`")
     missing = [n for n in names if n in needs and n not in hosted]
     if missing:  # a server whose extra is not installed cannot start: leave it out, say so
-        say("skipping " + ", ".join(f"{n} (needs {needs[n]}: pip install 'nemo-gym-env[{needs[n]}]')" for n in missing))
+        say("skipping " + ", ".join(f"{n} (needs pip install 'nemo-gym-env[{needs[n]}]')" for n in missing))
     return [n for n in names if n not in hosted and n not in needs]
-
-
-def _missing_requirement(server: str) -> str | None:
-    """The module a bundled server's config says it ``requires``, when it does not import here."""
-    need = bundled_spec(server).config.get("requires")
-    return str(need) if need and importlib.util.find_spec(str(need)) is None else None
 
 
 def _has_scripted_player(server: str) -> bool:

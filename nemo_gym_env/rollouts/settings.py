@@ -40,7 +40,8 @@ class RolloutSettings:
 
     # ---- servers and data
     servers: list[str] = field(default_factory=list)
-    """Bundled server names to launch; with no servers, overrides or URLs: every bundled server."""
+    """Bundled server names to launch; with no servers, overrides or URLs: every bundled server that
+    judges its episodes (the hosted envs run when named)."""
     overrides: list[str] = field(default_factory=list)
     """Hydra overrides, e.g. ``+config_paths=[my_env/configs/my_env.yaml]``."""
     head_url: str | None = None
