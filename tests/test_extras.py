@@ -90,6 +90,8 @@ PROBES: dict[tuple[str, ...], list[list[str]]] = {
     ("trl",): [["-c", "from trl import GRPOConfig, GRPOTrainer; "
                       "from nemo_gym_env.adapters.trl import nemo_gym_rollout_func, tasks_dataset"]],
     ("ray",): [["-c", "import ray; from nemo_gym_env.ray_cluster import RayVectorEnv, ray_collect"]],
+    ("textarena",): [["-m", "nemo_gym_env.cli", "rollouts", "textarena_tower_of_hanoi", "--policy", "scripted",
+                      "--limit", "1"]],
     ("bench",): [*([str(REPO / "benchmarks" / name), "--help"] for name in ("main_job.py", "throughput.py")),
                  ["-c", "import matplotlib.pyplot, psutil, pyinstrument, aiohttp"]],
     ("test",): [["-m", "pytest", "--version"], ["-c", "import hypothesis, schemathesis, playwright.sync_api"]],
