@@ -23,7 +23,8 @@ Which side raises what:
 - configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
   :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
 - data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
-- policies: :class:`PolicyError`, :class:`ModelProvisionError`, :class:`NoContinuation`;
+- policies: :class:`PolicyError` (and :class:`PolicyTimeout`, :class:`EndpointUnreachable`),
+  :class:`ModelProvisionError`, :class:`NoContinuation`;
 - scale-out and trainer adapters: :class:`WorkersLost`, :class:`NemoRLFormatError`,
   :class:`RolloutFailed`;
 - the command line: :class:`UsageError`;
@@ -47,6 +48,7 @@ __all__ = [
     "ConfigError",
     "ConnectFailed",
     "DatasetError",
+    "EndpointUnreachable",
     "LaunchError",
     "McpError",
     "ModelProvisionError",
@@ -55,6 +57,7 @@ __all__ = [
     "RowGoneError",
     "NemoRLFormatError",
     "PolicyError",
+    "PolicyTimeout",
     "RolloutFailed",
     "RolloutFileError",
     "ScaffoldError",
@@ -213,6 +216,18 @@ class PolicyError(NemoGymError, RuntimeError):
     def __init__(self, message: str, *, status_code: int | None = None):
         super().__init__(message)
         self.status_code = status_code
+
+
+class PolicyTimeout(PolicyError):
+    """A model call that got no reply in time: every attempt timed out, or the turn's deadline passed.
+
+    A rollout that fails with it is a ``policy_timeout``; a reply that came (a 429 whose wait would
+    pass the deadline included) is a plain :class:`PolicyError`.
+    """
+
+
+class EndpointUnreachable(PolicyError):
+    """The policy's endpoint refuses every connection: a run stops on it rather than failing each rollout."""
 
 
 class NoContinuation(NemoGymError):

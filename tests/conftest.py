@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nemo_gym_env.launch.catalog import bundled_servers, missing_extra
+from nemo_gym_env.bridge.targets import hosted_library
+from nemo_gym_env.launch.catalog import bundled_servers, bundled_spec, missing_extra
 from nemo_gym_env.server import testing
 
 if TYPE_CHECKING:
@@ -37,8 +38,7 @@ if TYPE_CHECKING:
 
 EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
 BUNDLED = sorted(bundled_servers())
-HOSTED = sorted(name for name, folder in bundled_servers().items()
-                if "nemo_gym_env.bridge" in (folder / "app.py").read_text())
+HOSTED = [name for name in BUNDLED if hosted_library(bundled_spec(name).config)]
 """Bundled servers that host another library's env (the bridge): their rewards are that env's own
 (a taxi's -1 a step, a blackjack loss), checked against the raw env in tests/bridge."""
 JUDGED = [name for name in BUNDLED if name not in HOSTED]
@@ -54,6 +54,7 @@ def with_extras(servers: list[str]) -> list[Any]:
         return [pytest.mark.skip(reason=reason)] if need else []
 
     return [pytest.param(server, marks=marks(server)) for server in servers]
+
 
 TESTS = Path(__file__).resolve().parent
 SHARED_STACKS = {

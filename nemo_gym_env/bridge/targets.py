@@ -26,7 +26,8 @@ from typing import Any
 from nemo_gym_env.errors import ConfigError
 from nemo_gym_env.launch.entrypoint import BRIDGE_APPS
 
-__all__ = ["APPS", "HOSTED_APPS", "LIBRARIES", "check_hosted", "instance_name", "is_hosted", "is_target", "split_target", "target_config"]
+__all__ = ["APPS", "HOSTED_APPS", "LIBRARIES", "check_hosted", "hosted_library", "instance_name", "is_hosted", "is_target",
+           "split_target", "target_config"]
 
 APPS = Path(__file__).resolve().parent / "apps"
 HOSTED_APPS = BRIDGE_APPS
@@ -71,6 +72,12 @@ def target_config(name: str, **settings: Any) -> dict[str, Any]:
     block = {"entrypoint": str(APPS / app), "domain": "games", "verified": False,
              "description": f"{prefix} env {rest}, hosted by nemo_gym_env's bridge", key: rest, **settings}
     return {instance_name(name): {"resources_servers": {impl: block}}}
+
+
+def hosted_library(config: dict[str, Any]) -> str | None:
+    """The library whose env a server's config block hosts (``"gymnasium"`` for an ``env_id``,
+    ``"textarena"`` for a ``game``, the keys :func:`target_config` sets), or None: a server of its own."""
+    return next((prefix for prefix, (_, key, _) in LIBRARIES.items() if config.get(key)), None)
 
 
 def is_hosted(spec: Any) -> bool:

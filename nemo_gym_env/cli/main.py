@@ -2,7 +2,7 @@
 
 NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with no network::
 
-    nemo-gym-env rollouts                                   # every bundled server, the local model
+    nemo-gym-env rollouts                                   # the bundled judged servers, the local model
     nemo-gym-env rollouts --policy openai                   # the endpoint of env.yaml
     nemo-gym-env serve example_multi_step                   # servers + head server on :11000
     nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
@@ -35,7 +35,12 @@ from nemo_gym_env.cli.check import add_check_parser
 from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
 from nemo_gym_env.errors import NemoGymError
 from nemo_gym_env.policies.factory import POLICY_KINDS
-from nemo_gym_env.rollouts.settings import DEFAULT_CONCURRENCY, LOCAL_DEFAULTS, RolloutSettings
+from nemo_gym_env.rollouts.settings import (
+    DEFAULT_CONCURRENCY,
+    ENDPOINT_DEFAULTS,
+    LOCAL_DEFAULTS,
+    RolloutSettings,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -59,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         parents=[common],
         description="NeMo-Gym-style resources servers: serve them, collect rollouts, scaffold and check.",
-        epilog=f"`{PROG} rollouts` with no arguments: every bundled server's example tasks with the local model.",
+        epilog=f"`{PROG} rollouts` with no arguments: the example tasks of every bundled server that judges its "
+        "episodes (hosted envs run when named) with the local model.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -89,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="collect rollouts (like ng_collect_rollouts)",
         description=_wrap("Run each task of a JSONL dataset through a policy against resources servers and write one "
         "row per rollout (NeMo Gym's format: the /verify reply plus _ng_task_index and _ng_rollout_index). "
-        "Servers are launched by the command (bundled NAMEs, +config_paths=[...], or every bundled server when "
-        "none is named) or already running (--head-url, --server-url)."),
+        "Servers are launched by the command (bundled NAMEs, +config_paths=[...], or, when none is named, every "
+        "bundled server that judges its episodes: the hosted Gymnasium and TextArena envs run when named) or already running (--head-url, --server-url)."),
         epilog=f"examples:\n  {PROG} rollouts\n  {PROG} rollouts --policy openai            # endpoint from env.yaml\n"
         f"  {PROG} rollouts example_multi_step --policy scripted --num-repeats 4\n"
         f"  {PROG} rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai --resume",
@@ -126,8 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=int, metavar="N",
                      help=f"rollouts in flight (default {DEFAULT_CONCURRENCY}; {LOCAL_DEFAULTS['concurrency']} with the local policy)")
     run.add_argument("--max-steps", type=int, default=_DEFAULTS["max_steps"], metavar="N", help=f"model turns per episode (default {_DEFAULTS['max_steps']})")
+    run.add_argument("--max-episode-tokens", type=int, metavar="N",
+                     help="generated tokens an episode may use; then it is scored as it stands "
+                          f"(default: none; local: {LOCAL_DEFAULTS['max_episode_tokens']})")
     run.add_argument("--timeout", type=float, default=_DEFAULTS["timeout"], metavar="S", help=f"server request timeout (default {_DEFAULTS['timeout']:g} s)")
-    run.add_argument("--turn-timeout", type=float, metavar="S", help="policy turn timeout (default: the policy's)")
+    run.add_argument("--attempt-timeout", type=float, metavar="S",
+                     help=f"openai: each HTTP attempt's timeout (default {ENDPOINT_DEFAULTS['attempt_timeout']:g} s); "
+                          "timed-out attempts are retried within the turn's deadline")
+    run.add_argument("--turn-timeout", type=float, metavar="S",
+                     help="the deadline of one model turn, retries and their waits included (default: "
+                          f"{ENDPOINT_DEFAULTS['turn_timeout']:g} s for openai, none for local and scripted)")
     run.add_argument("--episode-reward", choices=("verify", "sum"), default="verify",
                      help="a row's reward: the /verify reward (default), or sum: plus the tools' step rewards")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")

@@ -22,7 +22,16 @@ from nemo_gym_env.rollouts.identity import server_of
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, metrics_path
 from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import Progress, write_metrics
-from nemo_gym_env.rollouts.reverify import change_table, check_input, compare, count_by_server, reverify_rows
+from nemo_gym_env.rollouts.reverify import (
+    change_table,
+    check_input,
+    compare,
+    count_by_server,
+    gymnasium_servers,
+    iter_input,
+    line_ranges,
+    reverify_rows,
+)
 from nemo_gym_env.system.processes import sigterm_raises
 
 __all__ = ["cmd_reverify", "default_output"]
@@ -83,6 +92,14 @@ def cmd_reverify(args: argparse.Namespace) -> int:
         for name in per_server:  # every row has a server before anything is written
             route({"agent_ref": {"name": name}} if name else {})
         clients = {n: ResourcesClient(u, timeout_s=args.timeout, verify_timeout_s=args.timeout) for n, u in targets.items()}
+        skip = asyncio.run(gymnasium_servers(clients))
+        if skip:
+            lines = {n: [number for number, row in iter_input(source) if route(row) == n] for n in sorted(skip)}
+            total -= sum(len(v) for v in lines.values())
+            for name, numbers in lines.items():
+                say(f"skipping {len(numbers)} row(s) of {name} (lines {line_ranges(numbers)} of {source}): a "
+                    "Gymnasium-protocol server (/reset + /step) has no /verify; its reward is the sum of the "
+                    "game's step rewards, which only replaying the game would give")
         with sigterm_raises(), RolloutWriter(output, resume=args.resume) as writer:
             if writer.torn_bytes:
                 say(f"dropped a torn last line ({writer.torn_bytes} bytes) of {output} left by an interrupted run")
@@ -91,7 +108,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
             progress = Progress(total, initial=writer.resumed_rows, label="reverify")
             try:
                 asyncio.run(reverify_rows(source, route, clients, writer, concurrency=args.concurrency,
-                                          on_row=progress.update))
+                                          on_row=progress.update, skip=skip))
             finally:
                 progress.close()
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Stopped

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
-from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
+from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
 from nemo_gym_env.launch.config import config_value
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
 from nemo_gym_env.rollouts.plan import plan_rollouts
@@ -27,8 +28,9 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         stream_logs=args.debug, policy=args.policy, model=args.model, base_url=args.base_url,
         api_key=args.api_key, api=args.api, device=args.device, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
-        concurrency=args.concurrency, max_steps=args.max_steps, timeout=args.timeout,
-        turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
+        concurrency=args.concurrency, max_steps=args.max_steps,
+        max_episode_tokens=args.max_episode_tokens, timeout=args.timeout,
+        attempt_timeout=args.attempt_timeout, turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
         episode_reward=args.episode_reward,
     )
 
@@ -36,7 +38,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
 def cmd_rollouts(args: argparse.Namespace) -> int:
     """Collect rollouts: tasks x repeats through a policy against resources servers."""
     settings = settings_of(args)
-    plan = plan_rollouts(settings, say=say)
+    plan = plan_rollouts(settings, say=say, background=True)  # the model loads while the servers start
     output = Path(settings.output)
     secrets = [s for s in (settings.api_key, config_value(plan.cfg, "policy_api_key")) if s]
     if not settings.resume and output.is_file() and output.stat().st_size:
@@ -55,6 +57,8 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     print(f"\nrollouts: {output} ({summary['num_rollouts']} rows)\nmetrics:  {metrics_path(output)}")
     if summary["num_failed"]:
         print(f"failures: {failures_path(output)}")
+    print(f"view:     {PROG} view {shlex.quote(str(output))}")
+    if summary["num_failed"]:
         say(f"{summary['num_failed']} rollout(s) failed (reasons in {failures_path(output)}); --resume retries them")
         return 1
     return 0

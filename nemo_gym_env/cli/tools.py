@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -104,9 +105,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"  {f}")
     rel = os.path.relpath(root)
     name = args.name
+    test = f"python -m pytest {rel}/tests -q"
+    if importlib.util.find_spec("pytest") is None:  # not part of the package's own install
+        test = f"python -m pip install pytest && {test}"
     print(
         "\nnext:\n"
-        f"  python -m pytest {rel}/tests -q\n"
+        f"  {test}\n"
         f"  {PROG} serve \"+config_paths=[{rel}/configs/{name}.yaml]\"\n"
         f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy openai"
     )

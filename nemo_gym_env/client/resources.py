@@ -15,19 +15,29 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 
-__all__ = ["STEP_REWARD_HEADER", "CookieJar", "Reply", "ResourcesClient", "ServerError", "step_reward_problem",
-           "verdict_problem"]
+__all__ = ["STEP_REWARD_HEADER", "CookieJar", "Reply", "ResourcesClient", "ServerError", "ToolReply",
+           "step_reward_problem", "verdict_problem"]
 
 CookieJar = dict[str, str]
 """One episode's cookies: name -> value."""
 
 _JSON = ("Content-Type", "application/json")
+_NO_ROUTE = {"detail": "Not Found"}  # what FastAPI (and Starlette) answer for a path no route serves
+
+
+class ToolReply(NamedTuple):
+    """A tool route's reply: the body the model reads, the step reward it gave, whether the route exists."""
+
+    output: str
+    step_reward: float | None
+    found: bool = True
+    """False when the server has no such route (its framework's ``404 {"detail": "Not Found"}``)."""
 
 
 def verdict_problem(reply: Any) -> str | None:
@@ -178,8 +188,9 @@ class ResourcesClient:
         return (await self.call_tool_reply(name, arguments, jar, task_index=task_index))[0]
 
     async def call_tool_reply(self, name: str, arguments: str | Any, jar: CookieJar, *,
-                              task_index: int | None = None) -> tuple[str, float | None]:
-        """:meth:`call_tool`, and the step reward the route gave (:data:`STEP_REWARD_HEADER`), or None.
+                              task_index: int | None = None) -> ToolReply:
+        """:meth:`call_tool`, the step reward the route gave (:data:`STEP_REWARD_HEADER`) or None,
+        and whether the route exists.
 
         Raises:
             ServerError: as :meth:`call_tool`; also for a step reward that is not one finite number.
@@ -191,14 +202,16 @@ class ResourcesClient:
         if reply.status_code == 410:
             raise ServerError(f"session lost: {reply.text[:300]}", server=self.base_url, route=f"/{name}",
                               task_index=task_index, status_code=410)
+        if reply.status_code == 404 and _is_no_route(reply):
+            return ToolReply(reply.text, None, found=False)
         values = reply.header_values(STEP_REWARD_HEADER)
         if not values:
-            return reply.text, None
+            return ToolReply(reply.text, None)
         problem = step_reward_problem(values)
         if problem is not None:
             raise ServerError(f"unusable step reward: {problem}", server=self.base_url, route=f"/{name}",
                               task_index=task_index)
-        return reply.text, float(values[0])
+        return ToolReply(reply.text, float(values[0]))
 
     async def verify(self, body: dict[str, Any], jar: CookieJar, *, task_index: int | None = None) -> dict[str, Any]:
         """``POST /verify``; returns the reply, which carries ``reward``.
@@ -228,3 +241,10 @@ class ResourcesClient:
         except (ConnectFailed, TransportError, TimeoutError):
             return False
         return reply.is_success
+
+
+def _is_no_route(reply: Reply) -> bool:
+    try:
+        return json.loads(reply.content) == _NO_ROUTE
+    except ValueError:
+        return False

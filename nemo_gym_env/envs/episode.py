@@ -11,11 +11,15 @@ from typing import Any
 from nemo_gym_env.client.resources import CookieJar, ResourcesClient
 from nemo_gym_env.errors import ServerError
 from nemo_gym_env.protocol.dataset import input_items
+from nemo_gym_env.protocol.items import content_text, plain
 from nemo_gym_env.protocol.keys import STEP_REWARD_SUM_KEY, STEP_REWARDS_KEY, VERIFY_REWARD_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
+from nemo_gym_env.protocol.outcomes import TOOL_CALL_ERRORS_KEY
+from nemo_gym_env.protocol.parser import tool_call_problem
 from nemo_gym_env.protocol.types import RESERVED_ROUTES, TOOL_NAME_RE, Response, make_response
 
-__all__ = ["EPISODE_REWARDS", "SAMPLING_KEYS", "Episode", "StepResult", "verdict_info"]
+__all__ = ["EPISODE_REWARDS", "SAMPLING_KEYS", "Episode", "StepResult", "tool_names", "unknown_tool_message",
+           "verdict_info"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,37 @@ StepResult = tuple[list, float, bool, bool, dict]
 
 EPISODE_REWARDS = ("verify", "sum")
 """What an episode's reward is: the ``/verify`` reward (default), or its sum with every step reward."""
+
+_MAX_TOOL_CALL_ERRORS = 20  # kept in a row: enough to see what went wrong, bounded whatever the model does
+
+
+def tool_names(tools: list[Any]) -> list[str]:
+    """The function names among tool schemas (Responses ``{"type": "function", "name"}`` or Chat's nested form).
+
+    Example:
+        >>> tool_names([{"type": "function", "name": "a"}, {"type": "function", "function": {"name": "b"}}])
+        ['a', 'b']
+    """
+    names = []
+    for tool in map(plain, tools):
+        if not isinstance(tool, dict):
+            continue
+        nested = tool.get("function")
+        name = tool.get("name") or (nested.get("name") if isinstance(nested, dict) else None)
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def unknown_tool_message(name: str, tools: list[str]) -> str:
+    """The one message the model reads for a tool this environment does not have, naming the ones it has.
+
+    Example:
+        >>> unknown_tool_message("nosuch", ["get_weather"])
+        "Unknown tool 'nosuch': not a tool of this environment; its tools are: get_weather"
+    """
+    has = f"its tools are: {', '.join(tools)}" if tools else "the task offers no tools"
+    return f"Unknown tool {name[:100]!r}: not a tool of this environment; {has}"
 
 
 _TOOLS_CACHE: OrderedDict[str, list[Any]] = OrderedDict()
@@ -112,6 +147,10 @@ class Episode:
         self.error: ServerError | None = None
         self.usage: dict[str, int] | None = None
         """Token counts summed by :meth:`add_usage`; None until it is called (the response then has no usage)."""
+        self.tool_call_errors: list[str] = []
+        """Every tool call the environment could not run (the first few): an unknown tool, arguments
+        that are not JSON, a ``<tool_call>`` block that is not one. The row keeps them
+        (:data:`~nemo_gym_env.protocol.outcomes.TOOL_CALL_ERRORS_KEY`)."""
 
     @property
     def tools(self) -> list[Any]:
@@ -170,6 +209,9 @@ class Episode:
         observation: list[dict[str, Any]] = []
         info: dict[str, Any] = {"turn": self.turn, "num_tool_calls": len(calls)}
         step_reward = 0.0
+        errors_before = len(self.tool_call_errors)
+        if not calls:  # a final answer; one that holds a <tool_call> the parser could not read says why
+            self._malformed_call(items)
         try:
             for call in calls:
                 output, reward = await self._call_tool(call)
@@ -183,6 +225,8 @@ class Episode:
         except ServerError as exc:
             return self._fail(exc, observation, info)
         self.step_rewards.append(step_reward)
+        if len(self.tool_call_errors) > errors_before:
+            info["tool_call_error"] = self.tool_call_errors[-1][:500]
         if self.gave_step_rewards:
             info["step_reward"] = step_reward
         if calls and self.turn < self.max_steps:
@@ -215,14 +259,33 @@ class Episode:
 
     async def _call_tool(self, call: dict[str, Any]) -> tuple[str, float | None]:
         name = call["name"]
-        if not TOOL_NAME_RE.match(name) or name in RESERVED_ROUTES:
-            return json.dumps({"error": f"Unknown tool {name!r}: not a tool of this environment"}), None
+        offered = tool_names(self.tools)
+        if not TOOL_NAME_RE.match(name) or name in RESERVED_ROUTES or (offered and name not in offered):
+            return self._tool_call_error(unknown_tool_message(name, offered)), None
         arguments = call["arguments"]
         try:  # only checked: the server gets the arguments exactly as the model wrote them
             json.loads(arguments, parse_constant=_no_constant)
         except (TypeError, ValueError) as exc:
-            return json.dumps({"error": f"Invalid tool call arguments: {exc}"}), None
-        return await self.client.call_tool_reply(name, arguments, self.cookies, task_index=self.task_index)
+            return self._tool_call_error(f"Invalid tool call arguments: {exc}"), None
+        reply = await self.client.call_tool_reply(name, arguments, self.cookies, task_index=self.task_index)
+        if not reply.found:  # a task that lists no tools, and a name the server has no route for
+            return self._tool_call_error(unknown_tool_message(name, offered)), None
+        return reply.output, reply.step_reward
+
+    def _tool_call_error(self, message: str) -> str:
+        """Record a tool call the environment could not run; the error output the model reads."""
+        if len(self.tool_call_errors) < _MAX_TOOL_CALL_ERRORS:
+            self.tool_call_errors.append(message[:500])
+        return json.dumps({"error": message})
+
+    def _malformed_call(self, items: list[dict[str, Any]]) -> None:
+        """Record why a final answer's ``<tool_call>`` text is no tool call (it ends the episode as an answer)."""
+        for item in items:
+            if item.get("type", "message") == "message" and item.get("role", "assistant") == "assistant":
+                problem = tool_call_problem(content_text(item.get("content")))
+                if problem is not None:
+                    self._tool_call_error(f"Malformed tool call, taken as the final answer: {problem}")
+                    return
 
     async def _verify(self, info: dict[str, Any]) -> float:
         body = {**self.task, "response": self._response_json()}
@@ -232,6 +295,8 @@ class Episode:
         info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
         info["reward"] = reward
         verdict_info(reply, info)
+        if self.tool_call_errors:
+            info["num_tool_call_errors"] = len(self.tool_call_errors)
         if self.gave_step_rewards or self.episode_reward == "sum":
             info[STEP_REWARDS_KEY] = list(self.step_rewards)
             info[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))
@@ -243,7 +308,8 @@ class Episode:
         return reward
 
     def verdict(self) -> dict[str, Any] | None:
-        """The episode's result as a rollout row holds it: the ``/verify`` reply, plus, when the
+        """The episode's result as a rollout row holds it: the ``/verify`` reply, plus the tool calls
+        the environment could not run (:data:`TOOL_CALL_ERRORS_KEY`, when any), plus, when the
         server gave step rewards (or ``episode_reward="sum"``), :data:`STEP_REWARDS_KEY` and
         :data:`STEP_REWARD_SUM_KEY` (and with ``episode_reward="sum"``, ``reward`` their sum with
         the ``/verify`` reward, which :data:`VERIFY_REWARD_KEY` keeps). None before the episode
@@ -251,6 +317,8 @@ class Episode:
         if self.last_verify is None:
             return None
         row = dict(self.last_verify)
+        if self.tool_call_errors:
+            row[TOOL_CALL_ERRORS_KEY] = list(self.tool_call_errors)
         if self.gave_step_rewards or self.episode_reward == "sum":
             row[STEP_REWARDS_KEY] = list(self.step_rewards)
             row[STEP_REWARD_SUM_KEY] = float(sum(self.step_rewards))

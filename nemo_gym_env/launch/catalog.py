@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.resources
-import importlib.util
 import re
 from pathlib import Path
 
@@ -29,9 +28,6 @@ __all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bund
 
 SERVERS_PACKAGE = "nemo_gym_env.servers"
 """Import name of the package holding the bundled server folders."""
-
-DISTRIBUTION = "nemo-gym-env"
-_REQUIREMENT = re.compile(r"""^\s*([A-Za-z0-9][A-Za-z0-9._-]*).*;.*\bextra\s*==\s*["']([^"']+)["']""")
 
 
 def _package_dirs() -> list[Path]:
@@ -106,32 +102,39 @@ def bundled_dataset(name: str) -> Path:
     return path
 
 
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)[^;]*;.*\bextra\s*==\s*[\"']([^\"']+)[\"']")
+
+
 def missing_extra(name: str) -> str | None:
-    """The extra a bundled server's config says it ``requires`` (``requires: mcp``) when that
-    extra is not installed here, else None.
+    """The extra a bundled server's config ``requires`` (``requires: math``), when it is not installed here.
 
-    An extra is installed when every distribution it lists in the package's metadata is (``mcp``
-    alone does not make ``git_history`` start: it needs ``mcp-server-git`` too); without the
-    package's metadata (a bare checkout), when a module of the extra's name imports.
-
-    Raises:
-        UnknownServerError: If ``name`` is not a bundled server.
+    An extra counts as installed when every distribution it lists in this package's metadata is;
+    the package's own extras (``nemo-gym-env[a]`` inside another) are followed.
     """
-    need = bundled_spec(name).config.get("requires")
-    return str(need) if need and not _extra_installed(str(need)) else None
-
-
-def _extra_installed(extra: str) -> bool:
+    extra = bundled_spec(name).config.get("requires")
+    if not extra:
+        return None
     try:
-        lines = importlib.metadata.requires(DISTRIBUTION) or []
-    except importlib.metadata.PackageNotFoundError:
-        lines = []
-    listed = [m.group(1) for line in lines if (m := _REQUIREMENT.match(line)) and m.group(2) == extra]
-    if not listed:
-        return importlib.util.find_spec(extra) is not None
-    for distribution in listed:
+        requirements = importlib.metadata.requires("nemo-gym-env") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree: nothing to tell
+        return None
+    def normalized(name: str) -> str:  # PEP 685: how pip compares extras
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    wanted, seen, dists = {normalized(str(extra))}, set(), []
+    while wanted - seen:
+        current = (wanted - seen).pop()
+        seen.add(current)
+        for text in requirements:
+            match = _REQUIREMENT.match(text)
+            if match and normalized(match[2]) == current:
+                if normalized(match[1]) == "nemo-gym-env":
+                    wanted |= {normalized(e) for e in re.findall(r"[\w.-]+", text[text.index("[") + 1:text.index("]")])}
+                else:
+                    dists.append(match[1])
+    for dist in dists:
         try:
-            importlib.metadata.version(distribution)
+            importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
-            return False
-    return True
+            return str(extra)
+    return None

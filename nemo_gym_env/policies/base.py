@@ -69,6 +69,10 @@ class Policy(ABC):
     """Produces model turns. Async, so thousands of episodes can share one event loop."""
 
     name: str = "policy"
+    unreachable: str | None = None
+    """Set (to the reason) by a policy that knows its model cannot be reached at all, such as an
+    endpoint that refuses every connection; a rollouts run stops on it instead of failing every
+    rollout the same way."""
 
     @abstractmethod
     async def generate(self, request: PolicyRequest) -> PolicyTurn:

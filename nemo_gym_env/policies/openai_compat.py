@@ -19,9 +19,13 @@ reply and timeouts are retried ``max_retries`` times with exponential backoff (0
 at most 8 s, jittered) or the server's ``Retry-After`` / ``retry-after-ms`` (when 0-60 s), as
 the ``openai`` SDK does. Retrying is safe: a model call changes nothing on the server, so a
 repeated one costs compute, never state. A 2xx reply that is not JSON, or JSON of the wrong
-shape, is not retried. Every attempt has a timeout (``timeout_s``). After that, a
-:class:`PolicyError` says what failed and what to check. The API key never appears in a
-message, log line or ``repr``.
+shape, is not retried. Every attempt has a timeout (``timeout_s``); a turn's attempts, retries
+and waits end by its deadline (``turn_timeout_s``, :class:`~nemo_gym_env.policies.retries.Deadline`).
+Then a :class:`PolicyTimeout` says no reply came in time, or a :class:`PolicyError` names the
+status that came (a 429 is never a timeout). An endpoint that refused every connection of a
+turn and never answered (or of ``2 x concurrency`` turns in a row) is marked
+:attr:`~nemo_gym_env.policies.base.Policy.unreachable`, which stops a rollouts run. The API key
+never appears in a message, log line or ``repr``.
 
 Token data: when the endpoint returns it, the turn carries ``prompt_token_ids``,
 ``generation_token_ids`` and ``generation_log_probs``. Read from chat replies: vLLM's
@@ -54,7 +58,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from nemo_gym_env.client.transport import HttpClient, Reply
-from nemo_gym_env.errors import ConnectFailed, PolicyError, TransportError
+from nemo_gym_env.errors import ConnectFailed, EndpointUnreachable, PolicyError, PolicyTimeout, TransportError
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 from nemo_gym_env.policies.chat import (
     ReasoningFormat,
@@ -62,7 +66,7 @@ from nemo_gym_env.policies.chat import (
     responses_to_chat_messages,
     tools_to_chat,
 )
-from nemo_gym_env.policies.retries import retry_delay, should_retry
+from nemo_gym_env.policies.retries import Deadline, retry_delay, should_retry
 from nemo_gym_env.protocol.items import plain, without_token_fields
 from nemo_gym_env.system.redaction import REDACTED, redact_text
 
@@ -81,7 +85,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
     _loads = json.loads
 
-__all__ = ["OpenAIPolicy", "PolicyError", "chat_token_data"]
+__all__ = ["OpenAIPolicy", "PolicyError", "PolicyTimeout", "chat_token_data"]
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +201,9 @@ class OpenAIPolicy(Policy):
             ``max_output_tokens``, ``tool_choice``, ``parallel_tool_calls``...), Responses names.
         max_retries: Retries after the first attempt on 408/409/429/5xx, connection errors and
             timeouts (exponential backoff; 0 disables).
-        timeout_s: Per-attempt timeout.
+        timeout_s: Per-attempt timeout, seconds.
+        turn_timeout_s: The deadline of a whole turn, seconds: every attempt, retry and wait
+            of one :meth:`generate` ends by it (None: no deadline but the attempts' own).
         token_data: Ask a vLLM chat endpoint for token ids and log-probs (``logprobs`` and
             ``return_token_ids``); leave off for servers that reject unknown parameters.
         reasoning: How earlier reasoning items are sent to a chat endpoint: ``"think"``,
@@ -223,6 +229,7 @@ class OpenAIPolicy(Policy):
         sampling: Mapping[str, Any] | None = None,
         max_retries: int = 3,
         timeout_s: float = 120.0,
+        turn_timeout_s: float | None = None,
         token_data: bool = False,
         reasoning: ReasoningFormat = "think",
         extra_body: Mapping[str, Any] | None = None,
@@ -234,6 +241,8 @@ class OpenAIPolicy(Policy):
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if turn_timeout_s is not None and turn_timeout_s <= 0:
+            raise ValueError(f"turn_timeout_s must be > 0 or None, got {turn_timeout_s!r}")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
         self.model = model
@@ -242,6 +251,7 @@ class OpenAIPolicy(Policy):
         self.sampling = dict(sampling or {})
         self.max_retries = max_retries
         self.timeout_s = float(timeout_s)
+        self.turn_timeout_s = None if turn_timeout_s is None else float(turn_timeout_s)
         self.token_data = token_data
         self.reasoning = reasoning
         self.extra_body = dict(extra_body or {})
@@ -250,6 +260,8 @@ class OpenAIPolicy(Policy):
         self._api_key = _Secret(api_key) if api_key else None
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient] = weakref.WeakKeyDictionary()
         self._headers: _Secret | None = None  # the request headers, the key among them
+        self._answered = False  # any HTTP reply ever came back
+        self._refused_turns = 0  # turns in a row whose every attempt could not connect
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> OpenAIPolicy:
@@ -413,23 +425,33 @@ class OpenAIPolicy(Policy):
         return self._headers.reveal()
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST ``body`` and return the decoded 2xx reply, retrying what may be retried.
+        """POST ``body`` and return the decoded 2xx reply, retrying what may be retried, by the turn's deadline.
 
         Raises:
-            PolicyError: Every attempt failed, or the reply was malformed.
+            PolicyTimeout: No reply came in time (every attempt timed out, or the deadline passed).
+            EndpointUnreachable: The endpoint refuses every connection (see the module docstring).
+            PolicyError: Replies came but none was a usable 2xx, or the reply was malformed.
         """
+        if self.unreachable is not None:
+            raise EndpointUnreachable(self.unreachable)
         data = _dumps(body)
         headers = self._request_headers()
         http = self._http()
+        deadline = Deadline(self.turn_timeout_s)
         attempt = 0
+        refused = True  # every attempt so far could not connect
         while True:
             reply: Reply | None = None
             problem: Exception | None = None
             try:
-                reply = await http.request("POST", path, data, headers=headers, timeout_s=self.timeout_s)
+                reply = await http.request("POST", path, data, headers=headers,
+                                           timeout_s=deadline.attempt_timeout(self.timeout_s))
             except (TimeoutError, ConnectFailed, TransportError) as exc:
                 problem = exc
+            refused = refused and isinstance(problem, ConnectFailed)
             if reply is not None:
+                self._answered = True
+                self._refused_turns = 0
                 log.debug("%s: POST %s -> HTTP %d (attempt %d)", self._where(), path, reply.status_code, attempt + 1)
                 if reply.is_success:
                     try:
@@ -439,24 +461,22 @@ class OpenAIPolicy(Policy):
                             f"{self._where()}: malformed reply (not JSON: {exc}; body {_preview(reply.text)}); "
                             "check that base_url points at an OpenAI-compatible /v1 root")) from None
                 if not should_retry(reply):
-                    raise self._status_error(reply, retried=False)
+                    raise self._status_error(reply)
             else:
                 log.debug("%s: POST %s failed (attempt %d): %s", self._where(), path, attempt + 1,
                           type(problem).__name__)
             if attempt >= self.max_retries:
-                if reply is not None:
-                    raise self._status_error(reply, retried=True)
-                raise self._transport_error(problem)
-            await asyncio.sleep(retry_delay(attempt, reply.headers if reply is not None else None))
+                raise self._final_error(reply, problem, attempt, refused)
+            delay = retry_delay(attempt, reply.headers if reply is not None else None)
+            if not deadline.allows_wait(delay):
+                raise self._final_error(reply, problem, attempt, refused, waiting=delay)
+            await asyncio.sleep(delay)
             attempt += 1
 
     # ---- errors and checks -------------------------------------------------------------------
 
     def _where(self) -> str:
         return f"OpenAI-compatible endpoint {_safe_url(self.base_url) or 'api.openai.com'} (model {self.model!r}, {self.api} API)"
-
-    def _retried(self) -> str:
-        return f"after {self.max_retries} retr{'y' if self.max_retries == 1 else 'ies'}"
 
     def _redact(self, text: str) -> str:
         """``text`` without the key (anywhere when it is 4+ characters, as a whole word when shorter) or secret shapes."""
@@ -468,24 +488,39 @@ class OpenAIPolicy(Policy):
                 text = re.sub(rf"(?<![\w\-]){re.escape(key)}(?![\w\-])", REDACTED, text)
         return redact_text(text)
 
-    def _transport_error(self, exc: Exception | None) -> PolicyError:
-        where, retried = self._where(), self._retried()
-        if isinstance(exc, TimeoutError):
-            message = f"{where}: no reply within {self.timeout_s:g} s, {retried}; raise timeout_s or check the server"
-        elif isinstance(exc, ConnectFailed):
-            message = f"{where}: cannot connect ({exc}), {retried}; check that the server is up and base_url is right"
+    def _final_error(self, reply: Reply | None, problem: Exception | None, attempt: int, refused: bool, *,
+                     waiting: float | None = None) -> PolicyError:
+        """The error a turn ends with: the last reply's status, or what the last attempt ran into."""
+        if refused:
+            self._refused_turns += 1
+            needed = 1 if not self._answered else 2 * (self.concurrency or 8)
+            if self._refused_turns >= needed and self.unreachable is None:
+                self.unreachable = self._redact(
+                    f"{self._where()} refuses every connection ({problem}); check that it is up and that "
+                    "base_url (policy_base_url) is right")
+        tries = f"after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else "with no retry"
+        if waiting is not None:
+            tries += (f" (a retry in {waiting:.1f} s would pass the turn's deadline of {self.turn_timeout_s:g} s, "
+                      "turn_timeout_s / --turn-timeout)")
+        if reply is not None:
+            return self._status_error(reply, tries)
+        if isinstance(problem, TimeoutError):
+            limit = f"each attempt {self.timeout_s:g} s (timeout_s / --attempt-timeout)" + (
+                "" if self.turn_timeout_s is None else f", the turn {self.turn_timeout_s:g} s (turn_timeout_s / --turn-timeout)")
+            return PolicyTimeout(self._redact(f"{self._where()}: no reply in time, {tries}: {limit}; raise them for "
+                                              "long generations, or check the server"))
+        if isinstance(problem, ConnectFailed):
+            why = f"cannot connect ({problem}), {tries}; check that the server is up and base_url is right"
         else:
-            message = (f"{where}: the connection failed before a complete reply ({exc}), {retried}; "
-                       "check the server's logs")
-        return PolicyError(self._redact(message))
+            why = f"the connection failed before a complete reply ({problem}), {tries}; check the server's logs"
+        return PolicyError(self._redact(f"{self._where()}: {why}"))
 
-    def _status_error(self, reply: Reply, *, retried: bool) -> PolicyError:
+    def _status_error(self, reply: Reply, tries: str = "") -> PolicyError:
         status = reply.status_code
         hint = {401: "check policy_api_key", 403: "check policy_api_key", 404: "check base_url (it ends in /v1) "
                 "and the model name", 429: "the endpoint is rate limiting; lower concurrency or raise max_retries"}
         advice = hint.get(status, "the server failed; check its logs" if status >= 500 else "the request was rejected")
-        after = f" {self._retried()}" if retried else ""
-        message = f"{self._where()}: HTTP {status}{after}: {_preview(_error_text(reply))} ({advice})"
+        message = f"{self._where()}: HTTP {status}{' ' * bool(tries)}{tries}: {_preview(_error_text(reply))} ({advice})"
         return PolicyError(self._redact(message), status_code=status)
 
     def _check_prefix(self, history: list[dict[str, Any]], turn: PolicyTurn) -> None:

@@ -1,8 +1,10 @@
-"""When and how long an HTTP policy waits before sending a model request again.
+"""When and how long an HTTP policy waits before sending a model request again, and until when.
 
 Retried: 408, 409, 429 and 5xx replies (or whatever the server's ``x-should-retry`` says), and
 requests whose connection failed. The wait is the server's ``retry-after-ms`` or ``Retry-After``
 when it asks for 0-60 s, else exponential backoff with jitter, as the ``openai`` SDK waits.
+A turn may have a :class:`Deadline`: each attempt gets at most the time left, and a wait that
+would pass it is not begun.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 
 from nemo_gym_env.client.transport import Reply
 
-__all__ = ["retry_delay", "should_retry"]
+__all__ = ["Deadline", "retry_delay", "should_retry"]
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
 
@@ -58,3 +60,27 @@ def should_retry(reply: Reply) -> bool:
             if value == "false":
                 return False
     return reply.status_code in _RETRY_STATUSES or reply.status_code >= 500
+
+
+class Deadline:
+    """The end of one turn's attempts, retries and waits; ``seconds=None``: no end but the attempts' own.
+
+    Example:
+        >>> turn = Deadline(30.0)
+        >>> turn.attempt_timeout(20.0), turn.allows_wait(29.0), turn.allows_wait(31.0)
+        (20.0, True, False)
+    """
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self._at = None if seconds is None else time.monotonic() + seconds
+
+    def attempt_timeout(self, timeout_s: float) -> float:
+        """An attempt's timeout: ``timeout_s``, or the time left when that is shorter."""
+        if self._at is None:
+            return timeout_s
+        return max(min(timeout_s, self._at - time.monotonic()), 0.001)
+
+    def allows_wait(self, delay: float) -> bool:
+        """Whether waiting ``delay`` seconds before another attempt leaves time for it."""
+        return self._at is None or time.monotonic() + delay < self._at

@@ -7,6 +7,7 @@
 - :mod:`~nemo_gym_env.protocol.parser`: raw model text <-> items (``<think>``, ``<tool_call>``);
 - :mod:`~nemo_gym_env.protocol.dataset`: task rows (NeMo Gym's JSONL) read and checked;
 - :mod:`~nemo_gym_env.protocol.metrics`: aggregate metrics of verify replies (``pass@k``...);
+- :mod:`~nemo_gym_env.protocol.outcomes`: what a rollout row says the model did (no tool call, ...);
 - :mod:`~nemo_gym_env.protocol.keys`: the bookkeeping keys of rollout rows and the token fields;
 - :mod:`~nemo_gym_env.protocol.scripting`: items built by hand, as scripted players and the
   play page build a model turn.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         TOKEN_FIELDS,
     )
     from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields, pass_at_k
+    from nemo_gym_env.protocol.outcomes import outcome
     from nemo_gym_env.protocol.parser import items_to_text, parse_model_text, render_tool_call
     from nemo_gym_env.protocol.types import Response, make_response
 
@@ -52,6 +54,7 @@ __all__ = [
     "load_rows",
     "make_response",
     "numeric_fields",
+    "outcome",
     "parse_model_text",
     "pass_at_k",
     "plain",
@@ -67,6 +70,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
                      "TOKEN_FIELDS"),
                     "nemo_gym_env.protocol.keys"),
     **dict.fromkeys(("aggregate_metrics", "numeric_fields", "pass_at_k"), "nemo_gym_env.protocol.metrics"),
+    "outcome": "nemo_gym_env.protocol.outcomes",
     **dict.fromkeys(("items_to_text", "parse_model_text", "render_tool_call"), "nemo_gym_env.protocol.parser"),
     **dict.fromkeys(("Response", "make_response"), "nemo_gym_env.protocol.types"),
 })

@@ -1,9 +1,16 @@
 """Aggregate metrics over verify replies, named the way NeMo Gym names them.
 
 ``mean/<field>``, ``max/``, ``min/``, ``median/``, ``std/`` for every numeric field of the
-verify replies, and over tasks grouped by ``_ng_task_index``: ``pass@<k>/reward`` (the
-unbiased combinatorial estimate for 0/1 rewards, max-of-first-k for continuous ones) and
+verify replies, and over tasks grouped by ``_ng_task_index``: ``pass@<k>/reward`` and
 ``pass@1[avg-of-<k>]/reward``, both in percent as NeMo Gym reports them.
+
+Both are rates, whatever the rewards are: a rollout *passes* when its reward is at least
+:data:`PASS_THRESHOLD` (1.0, the reward a verifier gives a right answer). ``pass@k`` is the
+unbiased estimate of the chance that at least one of ``k`` rollouts of a task passes (from
+``n`` rollouts with ``c`` passes, :func:`pass_at_k`), averaged over tasks; ``pass@1[avg-of-k]``
+is the share of passes among each task's first ``k`` rollouts, averaged over tasks. For 0/1
+rewards these are NeMo Gym's numbers. For signed or fractional rewards (a game's return of
+-0.64, a partial score of 0.5) they count only full marks; ``mean/reward`` is the reward itself.
 """
 
 from __future__ import annotations
@@ -17,7 +24,21 @@ from typing import Any
 from nemo_gym_env.protocol.keys import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from nemo_gym_env.protocol.types import AggregateMetrics
 
-__all__ = ["TASK_INDEX_KEY", "ROLLOUT_INDEX_KEY", "aggregate_metrics", "pass_at_k", "numeric_fields"]
+__all__ = ["PASS_THRESHOLD", "TASK_INDEX_KEY", "ROLLOUT_INDEX_KEY", "aggregate_metrics", "numeric_fields", "pass_at_k",
+           "passed"]
+
+PASS_THRESHOLD = 1.0
+"""A rollout passes when its reward is at least this (see the module docstring)."""
+
+
+def passed(reward: float, threshold: float = PASS_THRESHOLD) -> bool:
+    """Whether a reward counts as a pass in ``pass@k``.
+
+    Example:
+        >>> passed(1.0), passed(0.5), passed(-0.64), passed(1.3)
+        (True, False, False, True)
+    """
+    return reward >= threshold
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -83,11 +104,12 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]], *,
-                      group_key: str = TASK_INDEX_KEY) -> AggregateMetrics:
+                      group_key: str = TASK_INDEX_KEY, pass_threshold: float = PASS_THRESHOLD) -> AggregateMetrics:
     """Aggregate verify replies into agent-level, per-task and headline metrics.
 
     Rollouts of one task are the rows with the same ``group_key`` (NeMo Gym's task index by
-    default; a rollouts file is grouped by its rows' task identity instead).
+    default; a rollouts file is grouped by its rows' task identity instead). A rollout passes
+    when its reward is at least ``pass_threshold``.
 
     Example:
         >>> rows = [{"_ng_task_index": 0, "reward": 1.0}, {"_ng_task_index": 0, "reward": 0.0},
@@ -95,6 +117,9 @@ def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]], *,
         >>> m = aggregate_metrics(rows).agent_metrics
         >>> m["mean/reward"], m["pass@2/reward"]
         (0.25, 50.0)
+        >>> game = [{"_ng_task_index": 0, "reward": -0.64}, {"_ng_task_index": 1, "reward": 0.9}]
+        >>> aggregate_metrics(game).agent_metrics["pass@1/reward"]   # a rate, never -64 %
+        0.0
     """
     rows = list(verify_responses)
     if not rows:
@@ -119,15 +144,11 @@ def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]], *,
             f"{stat}/reward": v for stat, v in _summary(rewards).items()}})
 
     reward_lists = [[_reward(r) for r in g] for g in groups.values()]
+    pass_lists = [[1.0 if passed(v, pass_threshold) else 0.0 for v in r] for r in reward_lists]
     n = min(len(r) for r in reward_lists)
-    binary = all(v in (0.0, 1.0) for r in reward_lists for v in r)
     for k in _k_values(n):
-        if binary:
-            scores = [pass_at_k(len(r), int(sum(r)), k) for r in reward_lists]
-        else:
-            scores = [max(r[:k]) for r in reward_lists]
-        agent[f"pass@{k}/reward"] = 100.0 * statistics.fmean(scores)
-        agent[f"pass@1[avg-of-{k}]/reward"] = 100.0 * statistics.fmean(statistics.fmean(r[:k]) for r in reward_lists)
+        agent[f"pass@{k}/reward"] = 100.0 * statistics.fmean(pass_at_k(len(p), int(sum(p)), k) for p in pass_lists)
+        agent[f"pass@1[avg-of-{k}]/reward"] = 100.0 * statistics.fmean(statistics.fmean(p[:k]) for p in pass_lists)
 
     key = {k: v for k, v in agent.items() if k.startswith("mean/")}
     key[f"pass@{n}/reward"] = agent[f"pass@{n}/reward"]

@@ -43,7 +43,7 @@ from typing import Any
 
 from nemo_gym_env.protocol.items import content_text, item_kind, plain, reasoning_text
 
-__all__ = ["items_to_text", "parse_model_text", "render_tool_call"]
+__all__ = ["items_to_text", "parse_model_text", "render_tool_call", "tool_call_problem"]
 
 THINK_OPEN = "<think>"
 """Opens a reasoning block."""
@@ -134,6 +134,39 @@ def _parse_call_body(body: str) -> tuple[str, str] | None:
         return payload["name"], json.dumps(arguments, ensure_ascii=False)
     except (ValueError, RecursionError):  # pragma: no cover - json.loads output always dumps
         return None
+
+
+def tool_call_problem(text: str) -> str | None:
+    """Why the first ``<tool_call>`` in ``text`` is not a tool call; None when the text has none.
+
+    Meant for the visible text :func:`parse_model_text` leaves (a message item's), where every
+    well-formed call has already become a ``function_call`` item, so a ``<tool_call>`` left
+    there is a malformed one.
+
+    Example:
+        >>> tool_call_problem('<tool_call>{city: 1}</tool_call>')
+        'the <tool_call> body is not JSON (Expecting property name enclosed in double quotes at column 2): {city: 1}'
+        >>> tool_call_problem("It is sunny.") is None
+        True
+    """
+    start = text.find(TOOL_OPEN)
+    if start == -1:
+        return None
+    body_start = start + len(TOOL_OPEN)
+    close = text.find(TOOL_CLOSE, body_start)
+    body = text[body_start:] if close == -1 else text[body_start:close]
+    shown = body.strip()[:200]
+    if close == -1:
+        return f"a <tool_call> without its </tool_call> (cut off by the turn's token limit?): {shown}"
+    try:
+        payload = json.loads(body.strip())
+    except json.JSONDecodeError as exc:
+        return f"the <tool_call> body is not JSON ({exc.msg} at column {exc.colno}): {shown}"
+    except (ValueError, RecursionError) as exc:
+        return f"the <tool_call> body is not readable JSON ({type(exc).__name__}): {shown}"
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return f'the <tool_call> body is not a JSON object with a string "name": {shown}'
+    return None
 
 
 def _make_id(kind: str, id_prefix: str | None, index: int) -> str:

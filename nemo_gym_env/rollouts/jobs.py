@@ -19,7 +19,7 @@ from typing import Any
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.traits import open_episode, server_traits
-from nemo_gym_env.errors import ActionError, ServerError
+from nemo_gym_env.errors import ActionError, PolicyTimeout, ServerError
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
@@ -30,7 +30,12 @@ from nemo_gym_env.protocol.keys import (
 )
 from nemo_gym_env.rollouts.identity import server_of, task_key, task_keys
 
-__all__ = ["RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+__all__ = ["DEADLINE_GRACE_S", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+
+DEADLINE_GRACE_S = 1.0
+"""How long past ``turn_timeout_s`` a turn is cut off here: a policy that keeps the deadline itself
+(the openai policy) ends first and says why (a timeout, or a 429 it would not wait out); this
+only stops one that does not."""
 
 
 def apply_sampling(row: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -117,8 +122,12 @@ def _failure(job: RolloutJob, kind: str, reason: str) -> dict[str, Any]:
 
 
 async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None,
-                      episode_reward: str = "verify") -> dict[str, Any]:
+                      episode_reward: str = "verify", max_episode_tokens: int | None = None) -> dict[str, Any]:
     """Play one episode: seed the session, alternate policy turns and tool calls, verify.
+
+    ``max_episode_tokens`` bounds what one episode may cost: each turn may generate at most the
+    tokens the episode has left, and once they are spent the episode is verified as it stands
+    (``truncated``), as at ``max_steps``.
 
     The row is the ``/verify`` reply, with the per-turn ``step_rewards`` and their
     ``step_reward_sum`` when the server gave step rewards (``episode_reward="sum"``: ``reward``
@@ -134,8 +143,15 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
         return _failure(job, "server_error", str(exc))
     sampling = info["sampling"]
     while not episode.done:
+        left = None if max_episode_tokens is None else max_episode_tokens - (episode.usage or {}).get("output_tokens", 0)
+        if left is not None and left <= 0:
+            await episode.finish()  # the episode's tokens are spent: scored as it stands
+            break
+        turn_sampling = dict(sampling)
+        if left is not None:
+            turn_sampling["max_output_tokens"] = min(left, turn_sampling.get("max_output_tokens") or left)
         request = PolicyRequest(
-            input=observation, history=list(episode.trajectory), tools=episode.tools, sampling=dict(sampling),
+            input=observation, history=list(episode.trajectory), tools=episode.tools, sampling=turn_sampling,
             row=job.row,
         )
         where = f"policy {job.policy.name!r} (task {job.task_index}, rollout {job.rollout_index}, turn {episode.turn})"
@@ -143,13 +159,15 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
             if turn_timeout_s is None:
                 turn = await job.policy.generate(request)
             else:
-                turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s)
+                turn = await asyncio.wait_for(job.policy.generate(request), turn_timeout_s + DEADLINE_GRACE_S)
             items = normalize_action(turn.action(), turn=episode.turn)
             episode.add_usage(turn.input_tokens, turn.output_tokens)
         except asyncio.CancelledError:
             raise
+        except PolicyTimeout as exc:
+            return _failure(job, "policy_timeout", f"{where}: {exc}")
         except TimeoutError:
-            return _failure(job, "policy_timeout", f"{where}: no answer within {turn_timeout_s:g} s")
+            return _failure(job, "policy_timeout", f"{where}: no answer within {turn_timeout_s:g} s (--turn-timeout)")
         except ActionError as exc:
             return _failure(job, "policy_error", f"{where} returned an invalid turn: {exc}")
         except Exception as exc:  # noqa: BLE001 - a failing policy fails this rollout, not the run
@@ -167,6 +185,7 @@ async def collect_jobs(
     max_steps: int = 16,
     turn_timeout_s: float | None = None,
     episode_reward: str = "verify",
+    max_episode_tokens: int | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Run jobs concurrently on the running loop, at most ``concurrency`` at a time; yield rows as they finish.
 
@@ -184,7 +203,8 @@ async def collect_jobs(
             if job is None:
                 return
             running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
-                                                        episode_reward=episode_reward)))
+                                                        episode_reward=episode_reward,
+                                                        max_episode_tokens=max_episode_tokens)))
 
     fill()
     try:
@@ -229,7 +249,7 @@ async def collect(
         skip: Identities already done (``RolloutWriter.done`` when resuming): ``(server, task key,
             rollout index)``, where server is the row's ``agent_ref.name`` or ``server_name``.
         request_timeout_s: Timeout of each server request.
-        turn_timeout_s: Timeout of each policy turn (None: the policy's own).
+        turn_timeout_s: The deadline of each policy turn (None: the policy's own), retries included.
         server_name: Recorded as ``agent_ref`` on rows without one.
         episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step rewards).
 

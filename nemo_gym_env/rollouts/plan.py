@@ -4,11 +4,14 @@
 :class:`RolloutPlan`: the merged config, one :class:`Target` per server (launched by the run,
 or already running behind a URL or a head server) holding its task rows, and one policy per
 target. Every mistake (an unknown server, an invalid row with ``strict``, a policy that
-cannot be built) raises here, before a server is started or a row is written.
+cannot be built) raises here, before a server is started or a row is written; only a local
+model loading in the background (``background=True``, what the command does) fails later, in
+:meth:`RolloutPlan.ready`, before a row is written.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,10 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.bridge.datasets import example_rows
-from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
+from nemo_gym_env.bridge.targets import check_hosted, hosted_library, is_hosted, is_target, target_config
 from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, missing_extra
+from nemo_gym_env.launch.catalog import (
+    bundled_config_path,
+    bundled_dataset,
+    bundled_servers,
+    bundled_spec,
+    missing_extra,
+)
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
@@ -80,7 +89,14 @@ class RolloutPlan:
     """The policy kind."""
     targets: dict[str, Target]
     policies: dict[str, Policy] = field(default_factory=dict)
-    """One per target (the same object for all, except scripted players)."""
+    """One per target (the same object for all, except scripted players); empty while :attr:`loading`."""
+    loading: concurrent.futures.Future | None = None
+    """The local model loading in the background (``plan_rollouts(background=True)``), until :meth:`ready`."""
+
+    def ready(self) -> None:
+        """Wait for a model still loading and make it every target's policy; its load error is raised here."""
+        if self.loading is not None:
+            self.policies, self.loading = self.loading.result(), None
 
     @property
     def num_tasks(self) -> int:
@@ -150,10 +166,14 @@ def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[st
     raise ValueError(f"agent_ref.name is {wanted!r}, which names none of the servers ({', '.join(names)})")
 
 
-def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None) -> RolloutPlan:
+def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None, background: bool = False,
+                  ) -> RolloutPlan:
     """Servers, tasks and policy of a run; raises :class:`~nemo_gym_env.errors.UsageError` on anything wrong.
 
     ``say`` receives the one-line notes a person should see (skipped rows, model loading).
+    ``background``: the local model loads in a thread while the run launches its servers (both
+    take seconds; :func:`~nemo_gym_env.rollouts.runner.run_plan` waits for it with
+    :meth:`RolloutPlan.ready`, and a model that cannot load fails the run there).
     """
     names = list(dict.fromkeys(settings.servers))
     launching = not (settings.head_url or settings.server_url)
@@ -161,13 +181,8 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     targets = _targets(settings, names, cfg)
     kind = _policy_kind(settings)
     settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
-    if not targets:  # nothing named, nothing configured: every bundled server
-        names = sorted(bundled_servers())
-        missing = {n: need for n in names if (need := missing_extra(n))}
-        if missing:  # a server whose extra is not installed (textarena_*) cannot start: leave it out, say so
-            say("skipping " + ", ".join(f"{n} (needs {need}: pip install 'nemo-gym-env[{need}]')"
-                                        for n, need in missing.items()))
-            names = [n for n in names if n not in missing]
+    if not targets:  # nothing named, nothing configured: every bundled server that judges its episodes
+        names = _default_servers(say)
         if kind == "scripted":
             unplayable = [n for n in names if not _has_scripted_player(n)]
             if unplayable:
@@ -187,7 +202,12 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     if not targets:
         raise UsageError("no valid task rows to run")
     plan = RolloutPlan(settings, cfg, kind, targets)
-    plan.policies = _policies(plan, say)
+    if kind == "local" and background:
+        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
+        plan.loading = loader.submit(_policies, plan, say)
+        loader.shutdown(wait=False)
+    else:
+        plan.policies = _policies(plan, say)
     return plan
 
 
@@ -281,6 +301,26 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
 # ---- policies ----------------------------------------------------------------------------------
 
 
+def _default_servers(say: Say) -> list[str]:
+    """The bundled servers a run with none named plays: those that judge an episode, whose extra is installed.
+
+    The hosted envs (Gymnasium's toy text, TextArena's games: other libraries' envs with their own
+    returns, many turns each) are left out, named in one line: ``nemo-gym-env rollouts frozen_lake``
+    plays one. A server whose config ``requires`` an extra that is not installed is left out too.
+    """
+    names = sorted(bundled_servers())
+    needs = {n: need for n in names if (need := missing_extra(n))}
+    hosted = [n for n in names if hosted_library(bundled_spec(n).config)]
+    if hosted:
+        say("not run unless named: the hosted envs " + ", ".join(
+            n + (f" (needs pip install 'nemo-gym-env[{needs[n]}]')" if n in needs else "") for n in hosted)
+            + f"; e.g. `nemo-gym-env rollouts {hosted[0]}`")
+    missing = [n for n in names if n in needs and n not in hosted]
+    if missing:  # a server whose extra is not installed cannot start: leave it out, say so
+        say("skipping " + ", ".join(f"{n} (needs pip install 'nemo-gym-env[{needs[n]}]')" for n in missing))
+    return [n for n in names if n not in hosted and n not in needs]
+
+
 def _has_scripted_player(server: str) -> bool:
     try:
         return importlib.util.find_spec(f"nemo_gym_env.servers.{server}.scripted") is not None
@@ -318,7 +358,8 @@ def _policies(plan: RolloutPlan, say: Say) -> dict[str, Policy]:
                 "policy_model_name in env.yaml (with policy_api_key)"
             )
         policy = make_policy("openai", **_given(model=model, base_url=base_url, api_key=api_key, api=settings.api,
-                                                timeout_s=settings.turn_timeout, concurrency=settings.concurrency))
+                                                timeout_s=settings.attempt_timeout, turn_timeout_s=settings.turn_timeout,
+                                                concurrency=settings.concurrency))
     else:
         say(f"loading the local model {settings.model or '(embedded SmolLM2-135M-Instruct)'} ...")
         policy = make_policy("local", **_given(model_path=settings.model, device=settings.device, seed=settings.seed))

@@ -6,7 +6,12 @@ everything; :func:`summarize` is what ``<output stem>_metrics.json`` holds.
 
 A masked sample (``mask_sample: true`` in the row: NeMo Gym 0.7's mark of an infrastructure
 failure, whose reward is not a measurement) is counted (``num_masked``) and left out of the
-reward metrics; each row's ``failure_kind`` is counted per kind (``failure_kinds``).
+reward metrics; each row's ``failure_kind`` is counted per kind (``failure_kinds``), and each
+row's :func:`~nemo_gym_env.protocol.outcomes.outcome` (what the model did: no tool call, a bad
+tool call, wrong, right, or the server's own kind) per outcome (``outcomes``).
+
+The command's table, ``<output stem>_metrics.json`` and the viewer's summary are all
+:func:`summarize_outcomes` of the same :class:`Outcome` of each row.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from nemo_gym_env.protocol.keys import TASK_KEY_KEY
-from nemo_gym_env.protocol.metrics import aggregate_metrics, numeric_fields
+from nemo_gym_env.protocol.metrics import PASS_THRESHOLD, aggregate_metrics, numeric_fields
+from nemo_gym_env.protocol.outcomes import outcome, outcome_text
 from nemo_gym_env.rollouts.identity import legacy_key, row_identity
 from nemo_gym_env.rollouts.output import failures_path, is_failure, metrics_path, scan_rollouts
 
-__all__ = ["Outcome", "Progress", "component_means", "metrics_table", "outcome_of", "summarize", "summarize_outcomes", "text_table",
+__all__ = ["OUTCOME_MEANING", "Outcome", "Progress", "component_means", "metrics_table", "outcome_of", "summarize", "summarize_outcomes", "text_table",
            "write_metrics"]
 
 
@@ -42,11 +48,13 @@ class Outcome:
     """The row's ``reward_components`` (its finite numbers)."""
     failure_kind: str | None = None
     """The row's ``failure_kind``, if it names one."""
+    outcome: str = "wrong"
+    """What the model did (:func:`~nemo_gym_env.protocol.outcomes.outcome`)."""
 
     @property
     def masked(self) -> bool:
         """Whether the row is a masked sample (``mask_sample: true``): left out of the reward metrics."""
-        return self.numbers.get("mask_sample") == 1.0
+        return self.outcome == "masked"
 
 
 def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
@@ -62,7 +70,7 @@ def outcome_of(row: Mapping[str, Any]) -> Outcome | None:
     components = row.get("reward_components")
     parts = numeric_fields(components) if isinstance(components, Mapping) else {}
     return Outcome(server or "all", task, rollout, numeric_fields(row), parts,
-                   kind[:100] if isinstance(kind, str) else None)
+                   kind[:100] if isinstance(kind, str) else None, outcome(row))
 
 
 def summarize(output: str | Path) -> dict[str, Any]:
@@ -103,16 +111,18 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
     finished = set()
     masked: Counter = Counter()
     kinds: dict[str, Counter] = defaultdict(Counter)
-    for outcome in outcomes:
-        finished.add((outcome.server, outcome.task, outcome.rollout))
-        if outcome.failure_kind is not None:
-            kinds[outcome.server][outcome.failure_kind] += 1
-        if outcome.masked:  # not a measurement: counted, kept out of the reward metrics
-            masked[outcome.server] += 1
+    did: dict[str, Counter] = defaultdict(Counter)
+    for one in outcomes:
+        finished.add((one.server, one.task, one.rollout))
+        did[one.server][one.outcome] += 1
+        if one.failure_kind is not None:
+            kinds[one.server][one.failure_kind] += 1
+        if one.masked:  # not a measurement: counted, kept out of the reward metrics
+            masked[one.server] += 1
             continue
-        parts[outcome.server].append(outcome.components)
-        slim[outcome.server].append({**outcome.numbers, TASK_KEY_KEY: outcome.task,
-                                     _TOTAL_GROUP: f"{outcome.server}/{outcome.task}"})
+        parts[one.server].append(one.components)
+        slim[one.server].append({**one.numbers, TASK_KEY_KEY: one.task,
+                                 _TOTAL_GROUP: f"{one.server}/{one.task}"})
     failed: dict[str, set] = defaultdict(set)
     for failure in failures:
         identity = (failure.server, failure.task, failure.rollout)
@@ -122,10 +132,12 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
     every_kind: Counter = sum(kinds.values(), Counter())
     summary: dict[str, Any] = {
         "output": output,
+        "pass_threshold": PASS_THRESHOLD,
         "num_rollouts": len(everything) + sum(masked.values()),
         "num_failed": sum(len(v) for v in failed.values()),
         "num_masked": sum(masked.values()),
         "failure_kinds": dict(sorted(every_kind.items())),
+        "outcomes": _by_count(sum(did.values(), Counter())),
         **aggregate_metrics(everything, group_key=_TOTAL_GROUP).model_dump(),
         "reward_components": component_means([c for group in parts.values() for c in group]),
         "per_server": {},
@@ -137,11 +149,17 @@ def summarize_outcomes(output: str, outcomes: Iterable[Outcome], failures: Itera
             "num_failed": len(failed.get(name, ())),
             "num_masked": masked[name],
             "failure_kinds": dict(sorted(kinds[name].items())),
+            "outcomes": _by_count(did[name]),
             "agent_metrics": metrics.agent_metrics,
             "key_metrics": metrics.key_metrics,
             "reward_components": component_means(parts.get(name, [])),
         }
     return summary
+
+
+def _by_count(counts: Counter) -> dict[str, int]:
+    """Counts, most frequent first (ties by name)."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def component_means(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -169,14 +187,16 @@ def write_metrics(output: str | Path) -> dict[str, Any]:
 
 
 def metrics_table(summary: Mapping[str, Any]) -> str:
-    """The summary as a text table: one line per server, then the total.
+    """The summary as a text table: one line per server, then the total, then what the outcomes mean.
 
-    ``mean/reward`` and pass@k leave masked samples out; ``masked`` counts them and
-    ``failure_kind`` names the most frequent kinds of the server's rows.
+    ``mean/reward`` and pass@k leave masked samples out (``masked`` counts them); pass@k counts
+    rollouts whose reward passes (:data:`~nemo_gym_env.protocol.metrics.PASS_THRESHOLD`), so it
+    is a rate whatever the rewards are; ``what the model did`` counts each row's outcome
+    (:mod:`~nemo_gym_env.protocol.outcomes`).
     """
 
     def line(name: str, rollouts: int, failed: int, agent: Mapping[str, Any], masked: int,
-             kinds: Mapping[str, int]) -> list[str]:
+             outcomes: Mapping[str, int]) -> list[str]:
         ks = sorted(int(k[5:].split("/")[0]) for k in agent if k.startswith("pass@") and k[5:].split("/")[0].isdigit())
         k = ks[-1] if ks else None
         mean = agent.get("mean/reward")
@@ -187,22 +207,26 @@ def metrics_table(summary: Mapping[str, Any]) -> str:
             str(failed),
             "-" if mean is None else f"{mean:.3f}",
             "-" if "pass@1/reward" not in agent else f"{agent['pass@1/reward']:.1f}",
-            "-" if k is None else f"{agent[f'pass@{k}/reward']:.1f} (k={k})",
+            "-" if k is None or k == 1 else f"{agent[f'pass@{k}/reward']:.1f} (k={k})",
             str(masked),
-            ", ".join(f"{kind}: {n}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
-            + (", ..." if len(kinds) > 3 else "") or "-",
+            ", ".join(f"{outcome_text(kind)} {n}" for kind, n in outcomes.items()) or "-",
         ]
 
     table = [["server", "tasks", "rollouts", "failed", "mean/reward", "pass@1 %", "pass@k %", "masked",
-              "failure_kind"]]
+              "what the model did"]]
     per_server = summary.get("per_server", {})
     for name, entry in per_server.items():
         table.append(line(name, entry["num_rollouts"], entry["num_failed"], entry["agent_metrics"],
-                          entry.get("num_masked", 0), entry.get("failure_kinds", {})))
+                          entry.get("num_masked", 0), entry.get("outcomes", {})))
     if len(per_server) != 1:
         table.append(line("total", summary["num_rollouts"], summary["num_failed"], summary["agent_metrics"],
-                          summary.get("num_masked", 0), summary.get("failure_kinds", {})))
-    text = text_table(table, numeric=True)
+                          summary.get("num_masked", 0), summary.get("outcomes", {})))
+    text = text_table(table, numeric=True, left=(0, 8))
+    seen = {kind for entry in [summary, *per_server.values()] for kind in entry.get("outcomes", {})}
+    legend = [f"{outcome_text(kind)}: {OUTCOME_MEANING[kind]}" for kind in OUTCOME_MEANING if kind in seen]
+    legend += [f"{kind}: the server's own failure_kind" for kind in sorted(seen - set(OUTCOME_MEANING))]
+    if legend:
+        text += "\n\n" + "\n".join(legend)
     parts = [["server", "reward component", "mean"]]
     for name, entry in per_server.items():
         parts += [[name, part, f"{mean:.3f}"] for part, mean in (entry.get("reward_components") or {}).items()]
@@ -211,10 +235,23 @@ def metrics_table(summary: Mapping[str, Any]) -> str:
     return text
 
 
-def text_table(rows: Sequence[Sequence[str]], *, numeric: bool = False) -> str:
+OUTCOME_MEANING = {
+    "right": f"the reward passed (at least {PASS_THRESHOLD:.1f}; pass@k counts these)",
+    "partly_right": "a reward above 0 that does not pass",
+    "no_tool_call": "the task offers tools and the model called none: it answered in prose",
+    "bad_tool_call": "a tool call the environment could not run (not JSON, an unknown tool, bad arguments)",
+    "cut_off": "the episode hit --max-steps or --max-episode-tokens with the model still at it",
+    "wrong": "answered, and the verifier said no",
+    "masked": "mask_sample: an infrastructure failure, not a measurement",
+}
+"""The legend under the table; a server's own ``failure_kind`` is shown as it is."""
+
+
+def text_table(rows: Sequence[Sequence[str]], *, numeric: bool = False, left: Sequence[int] = (0,)) -> str:
     """Rows of cells as aligned text, a rule under the first (header) row.
 
-    Columns are left-aligned; with ``numeric`` every column but the first is right-aligned.
+    Columns are left-aligned; with ``numeric`` every column but those in ``left`` (the first)
+    is right-aligned.
 
     Example:
         >>> print(text_table([["name", "n"], ["a", "10"]], numeric=True))
@@ -225,7 +262,7 @@ def text_table(rows: Sequence[Sequence[str]], *, numeric: bool = False) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = []
     for number, row in enumerate(rows):
-        cells = [cell.rjust(w) if numeric and i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        cells = [cell.rjust(w) if numeric and i not in left else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         out.append("  ".join(cells).rstrip())
         if number == 0:
             out.append("  ".join("-" * w for w in widths))
@@ -262,7 +299,7 @@ class Progress:
         self.count += 1
         if is_failure(row):
             self.failed += 1
-        elif isinstance(row.get("reward"), (int, float)):
+        elif isinstance(row.get("reward"), (int, float)) and outcome(row) != "masked":  # as the table counts
             self._reward_sum += float(row["reward"])
             self._rewarded += 1
         now = time.monotonic()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.envs.traits import server_traits
 from nemo_gym_env.errors import ServerError, UsageError
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
@@ -39,8 +40,8 @@ from nemo_gym_env.rollouts.identity import legacy_key, row_identity, server_of
 from nemo_gym_env.rollouts.output import RolloutWriter, scan_rollouts
 from nemo_gym_env.rollouts.report import text_table
 
-__all__ = ["VERDICT_KEYS", "Change", "change_table", "check_input", "compare", "count_by_server", "iter_input",
-           "reverified_row", "reverify_rows", "verify_body"]
+__all__ = ["VERDICT_KEYS", "Change", "change_table", "check_input", "compare", "count_by_server", "gymnasium_servers",
+           "iter_input", "line_ranges", "reverified_row", "reverify_rows", "verify_body"]
 
 VERDICT_KEYS = frozenset({"reward", "reward_components", "failure_kind", "failure_reason", "mask_sample",
                           STEP_REWARDS_KEY, STEP_REWARD_SUM_KEY, VERIFY_REWARD_KEY})
@@ -128,14 +129,43 @@ def _failure(old: Mapping[str, Any], reason: str, url: str) -> dict[str, Any]:
     return {**row, FAILURE_CLASS_KEY: "server_error", "failure_reason": reason[:2000], "server_url": url}
 
 
+async def gymnasium_servers(clients: Mapping[str, ResourcesClient]) -> set[str]:
+    """The servers among ``clients`` that speak the Gymnasium protocol (``/reset`` + ``/step``, no ``/verify``).
+
+    Their rows are not re-verified: a Gymnasium-protocol server has no ``/verify``, and its
+    reward is the sum of its steps' rewards, which only playing the episode again would give.
+    """
+    names = list(clients)
+    traits = await asyncio.gather(*(server_traits(clients[n]) for n in names), return_exceptions=True)
+    return {n for n, t in zip(names, traits) if not isinstance(t, BaseException) and t.protocol == "gymnasium"}
+
+
+def line_ranges(numbers: list[int]) -> str:
+    """Line numbers as ranges.
+
+    Example:
+        >>> line_ranges([3, 4, 5, 9, 11, 12])
+        '3-5, 9, 11-12'
+    """
+    spans: list[list[int]] = []
+    for number in sorted(numbers):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 async def reverify_rows(path: str | Path, route: Callable[[Mapping[str, Any]], str], clients: Mapping[str, ResourcesClient],
                         writer: RolloutWriter, *, concurrency: int = 32,
-                        on_row: Callable[[Mapping[str, Any]], None] = lambda row: None) -> None:
+                        on_row: Callable[[Mapping[str, Any]], None] = lambda row: None,
+                        skip: frozenset[str] | set[str] = frozenset()) -> None:
     """Re-verify every row of ``path`` that ``writer`` does not hold yet, ``concurrency`` at a time.
 
-    ``route(row)`` names the row's server in ``clients``. A verification the server fails (no
-    connection, an HTTP error, an unusable reply) is written as a failure row, which a resume
-    retries. Rows are read lazily; cancellation stops the rows in flight.
+    ``route(row)`` names the row's server in ``clients``; rows of the servers in ``skip`` are
+    left out (neither sent nor written). A verification the server fails (no connection, an
+    HTTP error, an unusable reply) is written as a failure row, which a resume retries. Rows are
+    read lazily; cancellation stops the rows in flight.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -153,7 +183,7 @@ async def reverify_rows(path: str | Path, route: Callable[[Mapping[str, Any]], s
         identity = row_identity(row)
         return identity in writer.done if identity is not None else legacy_key(row) in writer.done_legacy
 
-    pending = (row for _, row in iter_input(path) if not written(row))
+    pending = (row for _, row in iter_input(path) if route(row) not in skip and not written(row))
     running: set[asyncio.Task] = set()
     try:
         while True:

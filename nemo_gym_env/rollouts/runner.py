@@ -9,7 +9,10 @@
 
 SIGINT and SIGTERM stop a run cleanly: the rollouts in flight are cancelled, every finished row
 is already on disk, the servers it launched are stopped, and :func:`run_plan` returns the signal
-(a second signal exits at once). ``--resume`` then runs only what is missing.
+(a second signal exits at once). ``--resume`` then runs only what is missing. A policy that
+finds its model unreachable (:attr:`~nemo_gym_env.policies.base.Policy.unreachable`: an
+endpoint that refuses every connection) stops the run the same way, with
+:class:`~nemo_gym_env.errors.EndpointUnreachable`, rather than failing every rollout alike.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
-from nemo_gym_env.errors import Stopped, UsageError
+from nemo_gym_env.envs.traits import ServerTraits, server_traits
+from nemo_gym_env.errors import EndpointUnreachable, Stopped, UsageError
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.policies.base import Policy
 from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
 from nemo_gym_env.rollouts.manifest import differences, read_manifest, write_manifest
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path
-from nemo_gym_env.rollouts.plan import RolloutPlan
+from nemo_gym_env.rollouts.plan import RolloutPlan, Task
 from nemo_gym_env.rollouts.report import Progress
 
 __all__ = ["open_output", "run_plan"]
@@ -92,6 +96,7 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
             for proc in launcher.start_all(to_launch):
                 targets[proc.name].url = proc.url
             say(f"started {len(to_launch)} server(s) in {time.monotonic() - started:.1f} s")
+        plan.ready()  # a model loading meanwhile (plan_rollouts(background=True))
         say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
             f"{', '.join(targets)}; policy {plan.describe_policy()}; output {writer.path}")
         if not remaining:
@@ -99,16 +104,20 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         clients = ServerClients({n: t.url for n, t in targets.items() if t.url is not None}, timeout_s=settings.timeout)
         sampling = settings.sampling
 
-        def jobs() -> Iterator[RolloutJob]:
-            for n, tasks in todo.items():
-                for task, missing in tasks:
+        async def jobs() -> Iterator[RolloutJob]:
+            order = await _longest_first(todo, clients)
+
+            def each() -> Iterator[RolloutJob]:
+                for n, task, missing in order:
                     prepared = apply_sampling(task.row, sampling)
                     for r in missing:
                         yield RolloutJob(prepared, task.index, r, clients[n], plan.policies[n], n, task.key)
 
+            return each()
+
         progress = Progress(expected, initial=expected - remaining)
         try:
-            asyncio.run(_collect(jobs(), writer, progress, plan, stopped))
+            asyncio.run(_collect(jobs, writer, progress, plan, stopped))
         except asyncio.CancelledError:
             if not stopped:
                 raise
@@ -122,8 +131,30 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     return stopped
 
 
-async def _collect(jobs: Iterator[RolloutJob], writer: RolloutWriter, progress: Progress, plan: RolloutPlan,
-                   stopped: list[int]) -> None:
+async def _longest_first(todo: dict[str, list[tuple[Task, list[int]]]],
+                         clients: ServerClients) -> list[tuple[str, Task, list[int]]]:
+    """The run's tasks, those whose episodes run longest first, so the batch stays full to the end.
+
+    A game (a Gymnasium-protocol server) plays several turns, a task that offers tools usually a
+    few, any other task one: started in that order, the many-turn episodes are under way while
+    the one-turn ones fill the batch, and no long episode is left to run alone at the end. The
+    order within each kind is the dataset's.
+    """
+    names = [n for n, tasks in todo.items() if tasks]
+    traits = await asyncio.gather(*(server_traits(clients[n]) for n in names), return_exceptions=True)
+    games = {n for n, t in zip(names, traits) if isinstance(t, ServerTraits) and t.protocol == "gymnasium"}
+
+    def turns(entry: tuple[str, Task, list[int]]) -> int:
+        name, task, _ = entry
+        if name in games:
+            return 0
+        return 1 if task.row.get("responses_create_params", {}).get("tools") else 2
+
+    return sorted(((n, task, missing) for n, tasks in todo.items() for task, missing in tasks), key=turns)
+
+
+async def _collect(make_jobs: Callable[[], Awaitable[Iterator[RolloutJob]]], writer: RolloutWriter,
+                   progress: Progress, plan: RolloutPlan, stopped: list[int]) -> None:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     settings = plan.settings
@@ -141,12 +172,17 @@ async def _collect(jobs: Iterator[RolloutJob], writer: RolloutWriter, progress: 
     for sig in previous:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        rows = collect_jobs(jobs, concurrency=settings.concurrency, max_steps=settings.max_steps,
-                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward)
+        rows = collect_jobs(await make_jobs(), concurrency=settings.concurrency, max_steps=settings.max_steps,
+                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward,
+                            max_episode_tokens=settings.max_episode_tokens)
         async with contextlib.aclosing(rows):
             async for row in rows:
                 writer.write(row)
                 progress.update(row)
+                down = next((p.unreachable for p in plan.policies.values() if p.unreachable), None)
+                if down is not None:
+                    raise EndpointUnreachable(f"{down}. Stopped the run after {progress.count} rollout(s); "
+                                              "rerun with --resume once it answers")
     finally:
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)

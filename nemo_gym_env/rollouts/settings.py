@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from nemo_gym_env.errors import UsageError
 
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "LOCAL_DEFAULTS", "RolloutSettings"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "ENDPOINT_DEFAULTS", "LOCAL_DEFAULTS", "RolloutSettings"]
 
 DEFAULT_OUTPUT = "results/rollouts.jsonl"
 """Where rollout rows go unless ``output`` says otherwise."""
@@ -20,10 +20,18 @@ DEFAULT_OUTPUT = "results/rollouts.jsonl"
 DEFAULT_CONCURRENCY = 8
 """Rollouts in flight unless ``concurrency`` or the policy says otherwise."""
 
-LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16}
+LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16, "max_episode_tokens": 512}
 """What a run with the local policy uses where the settings leave a value unset: greedy decoding,
 a turn of at most 128 tokens (both override the dataset's, as ``--temperature`` and
-``--max-output-tokens`` do), and 16 rollouts in flight to fill the policy's batches."""
+``--max-output-tokens`` do), 16 rollouts in flight to fill the policy's batches, and at most 512
+generated tokens an episode: a model that keeps calling tools or playing a game costs at most
+four full turns, so no episode is left decoding alone long after the rest."""
+
+ENDPOINT_DEFAULTS = {"concurrency": DEFAULT_CONCURRENCY, "attempt_timeout": 20.0, "turn_timeout": 30.0}
+"""What a run with the openai policy uses where the settings leave a value unset: 8 requests in
+flight; each HTTP attempt gets 20 s and a whole turn (its retries and their waits included)
+30 s, so an endpoint that accepts a request and never answers fails a rollout in 30 s, with a
+message naming ``--attempt-timeout`` and ``--turn-timeout`` for models that answer slower."""
 
 
 @dataclass
@@ -32,7 +40,8 @@ class RolloutSettings:
 
     # ---- servers and data
     servers: list[str] = field(default_factory=list)
-    """Bundled server names to launch; with no servers, overrides or URLs: every bundled server."""
+    """Bundled server names to launch; with no servers, overrides or URLs: every bundled server that
+    judges its episodes (the hosted envs run when named)."""
     overrides: list[str] = field(default_factory=list)
     """Hydra overrides, e.g. ``+config_paths=[my_env/configs/my_env.yaml]``."""
     head_url: str | None = None
@@ -83,10 +92,16 @@ class RolloutSettings:
     """Rollouts in flight; None: :data:`DEFAULT_CONCURRENCY`, or the local policy's (:data:`LOCAL_DEFAULTS`)."""
     max_steps: int = 16
     """Model turns per episode."""
+    max_episode_tokens: int | None = None
+    """Generated tokens an episode may use over all its turns; then it is scored as it stands
+    (None: no bound; the local policy's default: :data:`LOCAL_DEFAULTS`)."""
     timeout: float = 120.0
     """Server request timeout, seconds."""
+    attempt_timeout: float | None = None
+    """openai: each HTTP attempt's timeout, seconds (None: :data:`ENDPOINT_DEFAULTS`)."""
     turn_timeout: float | None = None
-    """Policy turn timeout, seconds (None: the policy's own)."""
+    """The deadline of one model turn, seconds: every attempt, retry and wait included (None: the
+    policy kind's default: :data:`ENDPOINT_DEFAULTS` for openai, none for local and scripted)."""
     episode_reward: str = "verify"
     """A row's ``reward``: the ``/verify`` reward, or ``sum``: plus the step rewards the tools gave."""
     resume: bool = False
@@ -97,11 +112,11 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         for name, low in (("num_repeats", 1), ("concurrency", 1), ("limit", 1), ("max_steps", 1),
-                          ("max_output_tokens", 1)):
+                          ("max_output_tokens", 1), ("max_episode_tokens", 1)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise UsageError(f"{_flag(name)} must be >= {low}, got {value}")
-        for name in ("timeout", "turn_timeout"):
+        for name in ("timeout", "attempt_timeout", "turn_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"{_flag(name)} must be > 0, got {value}")
@@ -124,10 +139,10 @@ class RolloutSettings:
             {'temperature': 0.0, 'max_output_tokens': 128}
             >>> RolloutSettings(temperature=0.7).for_policy("local").temperature
             0.7
-            >>> RolloutSettings().for_policy("openai").concurrency
-            8
+            >>> RolloutSettings().for_policy("openai").concurrency, RolloutSettings().for_policy("openai").turn_timeout
+            (8, 30.0)
         """
-        defaults = LOCAL_DEFAULTS if kind == "local" else {"concurrency": DEFAULT_CONCURRENCY}
+        defaults = {"local": LOCAL_DEFAULTS, "openai": ENDPOINT_DEFAULTS}.get(kind, {"concurrency": DEFAULT_CONCURRENCY})
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     @property

@@ -284,6 +284,7 @@ Replace both with your environment's tools and checks.
 | `tests/test_app.py` | in-process tests |
 
 ```bash
+python -m pip install pytest                                           # once: the tests run on pytest
 python -m pytest __NAME__/tests -q                                     # test it
 nemo-gym-env validate __NAME__/data/example.jsonl                      # check the tasks
 nemo-gym-env serve "+config_paths=[__NAME__/configs/__NAME__.yaml]"    # serve it (and a head server)

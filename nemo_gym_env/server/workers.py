@@ -45,8 +45,9 @@ logger = logging.getLogger("nemo_gym_env.server.workers")
 
 
 def default_workers() -> int:
-    """``min(4, cpu_count)``: enough to keep verification off the critical path, no more."""
-    return max(1, min(4, os.cpu_count() or 1))
+    """Half the CPUs, 1 to 4: verification off the event loop, with cores left for the model and the
+    other servers that share the machine (each worker is a Python process of ~100 MB)."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 def ray_missing_message() -> str | None:

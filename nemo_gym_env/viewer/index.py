@@ -147,6 +147,11 @@ class JsonlIndex:
         self.task_keys: list[str | None] = []
         self._task_key_ids: dict[str | None, int] = {}
         self.failures: dict[int, str] = {}
+        # What the summary counts per row (failure_kind, outcome), interned: a byte or two a row.
+        self.failure_kind_ids = array("l")
+        self.outcome_ids = array("l")
+        self.labels: list[str | None] = []
+        self._label_ids: dict[str | None, int] = {}
         self.errors: list[LineError] = []
         self.error_count = 0
         self.size = 0
@@ -278,10 +283,20 @@ class JsonlIndex:
         self.task_key_ids.append(key)
         if stats.failure:
             self.failures[number] = stats.failure[:500]
+        self.failure_kind_ids.append(self._label(stats.failure_kind))
+        self.outcome_ids.append(self._label(stats.outcome))
+
+    def _label(self, text: str | None) -> int:
+        label = self._label_ids.get(text)
+        if label is None:
+            label = self._label_ids[text] = len(self.labels)
+            self.labels.append(text)
+        return label
 
     def _drop_last_row(self) -> None:
         for column in (self.offsets, self.lengths, self.lines, self.tasks, self.rollouts, self.rewards, self.turns,
-                       self.tool_calls, self.tokens, self.server_ids, self.task_key_ids):
+                       self.tool_calls, self.tokens, self.server_ids, self.task_key_ids, self.failure_kind_ids,
+                       self.outcome_ids):
             column.pop()
         self.failures.pop(len(self.offsets), None)
         self._provisional = False
@@ -318,6 +333,8 @@ class JsonlIndex:
             tool_calls=_missing_to_none(self.tool_calls[number]),
             tokens=_missing_to_none(self.tokens[number]),
             failure=self.failures.get(number),
+            failure_kind=self.labels[self.failure_kind_ids[number]],
+            outcome=self.labels[self.outcome_ids[number]],
         )
 
     def int_value(self, column: str, number: int) -> int | None:

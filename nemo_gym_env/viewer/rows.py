@@ -26,6 +26,7 @@ from typing import Any
 
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, TASK_KEY_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
+from nemo_gym_env.protocol.outcomes import outcome
 from nemo_gym_env.system.redaction import REDACTED, redact
 
 __all__ = ["MAX_DEPTH", "RowStats", "Scrubber", "count_tokens", "count_turns", "row_stats", "server_name"]
@@ -56,6 +57,8 @@ class RowStats:
         tokens: ``usage.input_tokens + output_tokens``, else the summed ``generation_token_ids``.
         failure: Why the rollout failed: the sidecar's class and reason, or the verify reply's
             ``failure_reason`` / ``failure_kind``.
+        failure_kind: The verify reply's ``failure_kind`` (what the metrics count per kind).
+        outcome: What the model did (:func:`~nemo_gym_env.protocol.outcomes.outcome`).
     """
 
     server: str | None
@@ -67,6 +70,8 @@ class RowStats:
     tool_calls: int | None
     tokens: int | None
     failure: str | None
+    failure_kind: str | None = None
+    outcome: str | None = None
 
 
 def server_name(row: Mapping[str, Any]) -> str | None:
@@ -144,6 +149,8 @@ def row_stats(row: Mapping[str, Any]) -> RowStats:
         tool_calls=None if items is None else sum(1 for item in items if item.get("type") == "function_call"),
         tokens=count_tokens(row),
         failure=_failure(row),
+        failure_kind=kind[:100] if isinstance(kind := row.get("failure_kind"), str) else None,
+        outcome=outcome(row),
     )
 
 

@@ -2,7 +2,8 @@
 
 The metrics come from :func:`~nemo_gym_env.rollouts.report.summarize_outcomes`, the very code
 behind :func:`~nemo_gym_env.rollouts.report.summarize` and the command's table, fed each row's
-identity and reward off the index's columns, so the rows are not read again. Failures count as
+identity, reward, ``mask_sample``, ``failure_kind`` and outcome off the index's columns (which
+the index read with the functions ``rollouts`` reads a row with), so the rows are not read again. Failures count as
 ``rollouts`` counts them: a sidecar row whose identity (server, task, rollout) has no output row.
 
 Example:
@@ -14,12 +15,12 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from nemo_gym_env.protocol.outcomes import outcome_text
 from nemo_gym_env.rollouts.report import Outcome, metrics_table, summarize_outcomes
 from nemo_gym_env.viewer.index import JsonlIndex
 
@@ -71,10 +72,12 @@ def _outcome(index: JsonlIndex, number: int) -> Outcome | None:
     task, rollout = index.int_value("task", number), index.int_value("rollout", number)
     if task is None or rollout is None:  # not a rollout row by rollouts' rules
         return None
-    key = index.task_keys[index.task_key_ids[number]]
-    reward = index.rewards[number]
-    return Outcome(index.servers[index.server_ids[number]] or _ALL, key if key is not None else f"#{task}", rollout,
-                   {} if math.isnan(reward) else {"reward": reward})
+    stats = index.stats(number)
+    numbers = {} if stats.reward is None else {"reward": stats.reward}
+    if stats.outcome == "masked":
+        numbers["mask_sample"] = 1.0
+    return Outcome(stats.server or _ALL, stats.task_key if stats.task_key is not None else f"#{task}", rollout,
+                   numbers, failure_kind=stats.failure_kind, outcome=stats.outcome or "wrong")
 
 
 def file_summary(rollouts: JsonlIndex, failures: JsonlIndex | None) -> dict[str, Any]:
@@ -135,6 +138,9 @@ def _server(name: str, entry: dict[str, Any], rewards: list[float]) -> dict[str,
         "num_failed": entry["num_failed"],
         "num_tasks": agent.get("num_tasks", 0),
         "mean_reward": agent.get("mean/reward"),
+        "num_masked": entry.get("num_masked", 0),
+        "outcomes": [{"outcome": kind, "text": outcome_text(kind), "count": count}
+                     for kind, count in entry.get("outcomes", {}).items()],
         "pass_at": _pass_at(agent),
         "histogram": histogram(rewards),
     }

@@ -76,7 +76,8 @@ class MathResourcesServerConfig(BaseResourcesServerConfig):
         answer_fallback: Where to find the answer when there is no box: ``last_number`` (the
             last number in the message), ``answer_colon`` (the rest of the line after the last
             ``Answer:``), or ``none``.
-        verify_workers: Worker processes for math-verify; default ``min(4, cpu_count)``.
+        verify_workers: Worker processes for math-verify; default half the CPUs, 1 to 4
+            (:func:`~nemo_gym_env.server.workers.default_workers`).
         verify_timeout_s: Time limit of one comparison; past it the reward is 0 with
             ``failure_reason``.
         max_answer_chars: Only the last this many characters of the message are searched.

@@ -27,7 +27,6 @@ Run standalone (the launcher passes the config): ``python app.py``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from fastapi import FastAPI
@@ -40,6 +39,7 @@ from nemo_gym_env.server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
+from nemo_gym_env.server.workers import default_workers
 from nemo_gym_env.servers.reasoning_gym import tasks
 from nemo_gym_env.servers.reasoning_gym.answers import (
     AnswerFallback,
@@ -73,7 +73,8 @@ class ReasoningGymResourcesServerConfig(BaseResourcesServerConfig):
             (``\\boxed{}``, then the whole stripped message).
         score_timeout_s: Time allowed to rebuild and score one answer; past it the reward is
             0 (``failure_kind="score_timeout"``) and the worker is replaced.
-        scoring_workers: Scoring processes (default: CPU count, at most 4).
+        scoring_workers: Scoring processes (default: half the CPUs, 1 to 4,
+            :func:`~nemo_gym_env.server.workers.default_workers`).
         scoring_memory_mb: Address-space limit of each scoring process; ``null`` for none.
         max_answer_chars: Longer extracted answers are not scored (reward 0, ``answer_too_long``).
     """
@@ -174,7 +175,7 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
     def scoring_pool(self) -> WorkerPool:
         """The scoring processes (started on first use if the app's startup did not)."""
         if self._pool is None or self._pool.closed:
-            workers = self.config.scoring_workers or max(1, min(4, os.cpu_count() or 1))
+            workers = self.config.scoring_workers or default_workers()
             self._pool = WorkerPool(
                 workers, preload=tasks.WORKER_PRELOAD, memory_mb=self.config.scoring_memory_mb
             )

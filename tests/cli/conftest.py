@@ -23,8 +23,8 @@ import pytest
 
 from ..conftest import descendants, wait_gone
 
-__all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "read_jsonl",
-           "run_cli", "wait_gone"]
+__all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "mixed_rows", "mixed_run",
+           "read_jsonl", "run_cli", "run_mixed", "wait_gone"]
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "nemo_gym_env.cli"]
@@ -134,3 +134,54 @@ def serve() -> Iterator:
         if served.proc.poll() is None:
             served.proc.kill()
             served.proc.wait(10)
+
+
+# ---- a run whose rows say different things -------------------------------------------------------
+
+REWARDS_CONFIG = REPO / "tests" / "fixtures" / "servers" / "rewards" / "configs" / "rewards.yaml"
+
+
+def mixed_rows() -> list[dict]:
+    """Task rows on three servers whose rollouts, played by the test model ``acts-...``, end every way a row can.
+
+    ``example_single_tool_call``: the model calls the tool (right), answers in prose (no tool call),
+    writes a ``<tool_call>`` that is not JSON, calls a tool named ``nosuch`` (both bad tool calls);
+    the ``rewards`` fixture: reward 1.0, two rows a verifier calls ``wrong_answer``, one masked
+    sample; ``guess_number``: the model never guesses (a negative return, a game lost).
+    """
+    from nemo_gym_env.launch.catalog import bundled_dataset
+
+    weather = [json.loads(line) for line in bundled_dataset("example_single_tool_call").read_text().splitlines()][:4]
+    for row, act in zip(weather, ["", " [prose]", " [badcall]", " [nosuch]"]):
+        row["responses_create_params"]["input"][-1]["content"] += act
+        row["agent_ref"] = {"type": "resources_servers", "name": "example_single_tool_call"}
+    scored = [{"responses_create_params": {"input": [{"role": "user", "content": f"Say {word}."}]},
+               "agent_ref": {"type": "resources_servers", "name": "rewards"}, **fields}
+              for word, fields in [("one", {"reward": 1.0}),
+                                   ("two", {"reward": 0.0, "failure_kind": "wrong_answer"}),
+                                   ("three", {"reward": 0.0, "failure_kind": "wrong_answer"}),
+                                   ("four", {"reward": 1.0, "mask_sample": True})]]
+    games = [json.loads(line) for line in bundled_dataset("guess_number").read_text().splitlines()][:2]
+    for row in games:
+        row["agent_ref"] = {"type": "resources_servers", "name": "guess_number"}
+    return weather + scored + games
+
+
+def mixed_run(folder: Path) -> subprocess.CompletedProcess:
+    """:func:`run_mixed` against its own test model process, which must succeed."""
+    from tests.fixtures.openai_server import running_server
+
+    with running_server() as base_url:
+        result = run_mixed(folder, base_url)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def run_mixed(folder: Path, base_url: str, *more: str) -> subprocess.CompletedProcess:
+    """``nemo-gym-env rollouts`` of :func:`mixed_rows` (2 repeats each) with the test model, into ``folder/results``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in mixed_rows()))
+    return run_cli("rollouts", "example_single_tool_call", "guess_number", f"+config_paths=[{REWARDS_CONFIG}]",
+                   "--input", str(tasks), "--policy", "openai", "--base-url", base_url, "--model", "acts-mixed",
+                   "--num-repeats", "2", "--no-env-yaml", *more, cwd=folder, timeout=300)

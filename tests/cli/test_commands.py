@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -141,6 +142,28 @@ def test_init_scaffold_passes_its_own_tests_and_launches(tmp_path):
     again = run_cli("init", "my_env", "--dir", str(tmp_path))
     assert_one_line_error(again)
     assert "already exists" in again.stderr
+
+
+@pytest.mark.slow
+def test_inits_advice_runs_after_the_core_install(tmp_path):
+    """After ``pip install nemo-gym-env`` alone (no pytest), the first command ``init`` advises installs what
+    its tests need and runs them."""
+    from tests.fixtures.installs import linked_venv
+
+    python = linked_venv(tmp_path / "venv", [], with_pip=True)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # `python` is the install's, as after activate
+    work = tmp_path / "work"
+    work.mkdir()
+    made = subprocess.run([str(python), "-m", "nemo_gym_env.cli", "init", "my_env"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert made.returncode == 0, made.stderr
+    advice = made.stdout.split("next:\n", 1)[1].splitlines()
+    assert advice[0].strip() == "python -m pip install pytest && python -m pytest my_env/tests -q"
+    tested = subprocess.run(advice[0].strip(), shell=True, cwd=work, env=env, capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert tested.returncode == 0, tested.stdout[-2000:] + tested.stderr[-2000:]
+    assert "3 passed" in tested.stdout
 
 
 def test_rollouts_without_torch_explains_how_to_install(monkeypatch, capsys, tmp_path):

@@ -153,13 +153,47 @@ def test_invalid_arguments_unknown_and_reserved_tools_become_error_outputs(weath
         {"type": "function_call", "call_id": "d", "name": "../seed_session", "arguments": "{}"},
         {"type": "function_call", "call_id": "e", "name": "get_weather", "arguments": '{"city": 5}'},
     ]
-    obs, reward, terminated, truncated, _ = weather.step(items)
+    obs, _, terminated, truncated, info = weather.step(items)
     outputs = {o["call_id"]: o["output"] for o in obs}
     assert json.loads(outputs["a"])["error"].startswith("Invalid tool call arguments")
-    assert "Not Found" in outputs["b"]
-    assert "Unknown tool" in outputs["c"] and "Unknown tool" in outputs["d"]
+    # One message for every unknown tool, whatever makes it unknown, naming it and the tools there are.
+    for call_id, name in (("b", "no_such_tool"), ("c", "verify"), ("d", "../seed_session")):
+        assert json.loads(outputs[call_id]) == {
+            "error": f"Unknown tool {name!r}: not a tool of this environment; its tools are: get_weather"}
     assert "get_weather" in json.loads(outputs["e"])["error"]
     assert not terminated and not truncated
+    assert info["tool_call_error"].startswith("Unknown tool '../seed_session'")
+
+
+def test_an_unknown_tool_of_a_task_that_lists_none_gets_the_same_message(launched):
+    """A task may list no tools and still call the server's routes; a route the server lacks is an unknown tool."""
+    row = example_rows("example_single_tool_call")[0]
+    bare = {**row, "responses_create_params": {**row["responses_create_params"], "tools": []}}
+    env = NemoGymEnv(base_url=launched["example_single_tool_call"], dataset=[bare])
+    try:
+        env.reset(seed=0)
+        obs, *_ = env.step([{"type": "function_call", "call_id": "x", "name": "nosuch", "arguments": "{}"},
+                            {"type": "function_call", "call_id": "y", "name": "get_weather",
+                             "arguments": '{"city": "Quito"}'}])
+        assert json.loads(obs[0]["output"]) == {
+            "error": "Unknown tool 'nosuch': not a tool of this environment; the task offers no tools"}
+        assert "Quito" in obs[1]["output"]  # a route the server has still answers
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("text,why", [
+    ("<tool_call>{city: 1}</tool_call>", "is not JSON (Expecting property name enclosed in double quotes"),
+    ('Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Quito"}', "without its </tool_call>"),
+    ('<tool_call>{"city": "Quito"}</tool_call>', 'not a JSON object with a string "name"'),
+])
+def test_a_malformed_tool_call_ends_the_episode_saying_why(weather, text, why):
+    weather.reset(seed=0)
+    obs, reward, terminated, truncated, info = weather.step(text)
+    assert (terminated, truncated, obs, reward) == (True, False, [], 0.0)  # taken as the final answer
+    assert info["tool_call_error"].startswith("Malformed tool call, taken as the final answer: ")
+    assert why in info["tool_call_error"] and info["num_tool_call_errors"] == 1
+    assert weather.unwrapped.episode.tool_call_errors == [info["tool_call_error"]]
 
 
 def test_step_limit_verifies_and_truncates(launched):

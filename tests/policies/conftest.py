@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,14 @@ def openai_base_url() -> Iterator[str]:
 
     with running_server() as url:
         yield url
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound, then released: a connection to it is refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def play(env: Any, policy: Policy, *, max_turns: int = 8, **reset_kwargs: Any) -> tuple[float, list[PolicyTurn], dict]:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from nemo_gym_env.client.loop import background_loop
-from nemo_gym_env.errors import NemoGymError
+from nemo_gym_env.errors import NemoGymError, PolicyTimeout
 from nemo_gym_env.policies import OpenAIPolicy, PolicyError, PolicyRequest
 from nemo_gym_env.rollouts.output import failures_path
 from nemo_gym_env.system.redaction import REDACTED
@@ -60,6 +60,46 @@ def test_slow_first_reply_times_out_then_retry_answers(openai_base_url):
     assert turn.items and seen(openai_base_url, model) == 2
 
 
+# ---- an attempt's timeout and a turn's deadline are two things -----------------------------------
+
+
+def test_timed_out_attempts_are_retried_within_the_turns_deadline(openai_base_url):
+    model = tag("hangfirst-2")
+    turn = generate(OpenAIPolicy(model, base_url=openai_base_url, timeout_s=0.4, turn_timeout_s=10, max_retries=3))
+    assert turn.items and seen(openai_base_url, model) == 3
+
+
+def test_a_hung_endpoint_fails_the_turn_by_its_deadline_as_a_timeout(openai_base_url):
+    model = tag("hang")
+    started = time.monotonic()
+    with pytest.raises(PolicyTimeout, match=r"no reply in time, after \d retr.*each attempt 0.4 s.*the turn 1.5 s"):
+        generate(OpenAIPolicy(model, base_url=openai_base_url, timeout_s=0.4, turn_timeout_s=1.5, max_retries=50))
+    assert 0.8 < time.monotonic() - started < 3  # ends by the deadline (a wait that would pass it is not begun)
+    assert seen(openai_base_url, model) >= 2  # timed-out attempts were retried
+
+
+def test_a_429_whose_wait_would_pass_the_deadline_fails_at_once_and_is_no_timeout(openai_base_url):
+    model = tag("retryafter-99")
+    started = time.monotonic()
+    with pytest.raises(PolicyError) as caught:
+        generate(OpenAIPolicy(model, base_url=openai_base_url, turn_timeout_s=1.5, max_retries=5))
+    assert not isinstance(caught.value, PolicyTimeout) and caught.value.status_code == 429
+    assert "HTTP 429 after 1 retry (a retry in 1.0 s would pass the turn's deadline of 1.5 s" in str(caught.value)
+    assert time.monotonic() - started < 1.5  # the second wait is not begun
+    assert seen(openai_base_url, model) == 2
+
+
+def test_an_endpoint_that_refuses_every_connection_is_marked_unreachable(unused_port):
+    policy = OpenAIPolicy("m", base_url=f"http://127.0.0.1:{unused_port}/v1", max_retries=1)
+    with pytest.raises(PolicyError, match="cannot connect"):
+        generate(policy)
+    assert "refuses every connection" in policy.unreachable
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="refuses every connection"):
+        generate(policy)  # no retry waits once it is known
+    assert time.monotonic() - started < 0.5
+
+
 @pytest.mark.parametrize("knob,match", [
     ("html502-99", r"HTTP 502 after 1 retry: 502 Bad Gateway 502 Bad Gateway nginx \(the server failed"),
     ("cut-always", r"the connection failed before a complete reply .*after 1 retry"),
@@ -100,7 +140,7 @@ def test_bad_endpoints_give_one_failure_row_per_rollout(openai_base_url, tmp_pat
     from tests.cli.conftest import read_jsonl, run_cli
 
     cases = {"cut-always": ("connection failed before a complete reply", "60"), "html502-999": ("HTTP 502", "60"),
-             "garbage": ("malformed reply", "60"), "hang": ("within 1 s", "1")}
+             "garbage": ("malformed reply", "60"), "hang": ("the turn 1 s (turn_timeout_s / --turn-timeout)", "1")}
     for knob, (reason, turn_timeout) in cases.items():
         out = tmp_path / knob / "rollouts.jsonl"
         started = time.monotonic()
@@ -134,3 +174,69 @@ def test_flaky_endpoint_rollouts_all_succeed_with_usage(openai_base_url, tmp_pat
         assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert not failures_path(out).exists() or not read_jsonl(failures_path(out))
+
+
+@pytest.mark.slow
+def test_a_429_is_waited_out_by_default_and_never_reported_as_a_timeout(openai_base_url, tmp_path):
+    from tests.cli.conftest import read_jsonl, run_cli
+
+    def rollouts(model: str, out, *more: str):
+        return run_cli("rollouts", "example_single_tool_call", "--policy", "openai", "--base-url", openai_base_url,
+                       "--model", model, "--limit", "4", "-o", str(out), "--no-env-yaml", *more, timeout=180)
+
+    out = tmp_path / "waited" / "rollouts.jsonl"
+    result = rollouts(tag("retryafter-2"), out)  # two 429s with Retry-After: 1, then answers
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["reward"] for r in read_jsonl(out)] == [1.0] * 4
+
+    out = tmp_path / "tight" / "rollouts.jsonl"
+    result = rollouts(tag("retryafter-999"), out, "--turn-timeout", "1.5")  # every answer a 429, waits past the deadline
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    failures = read_jsonl(failures_path(out))
+    assert len(failures) == 4 and {f["_ng_failure_class"] for f in failures} == {"policy_error"}
+    for failure in failures:
+        assert "HTTP 429 after 1 retry (a retry in 1.0 s would pass the turn's deadline of 1.5 s" in failure["failure_reason"]
+        assert "the endpoint is rate limiting" in failure["failure_reason"]
+
+
+@pytest.mark.slow
+def test_a_hung_endpoint_fails_each_rollout_in_30_s_by_default(openai_base_url, tmp_path):
+    import subprocess
+
+    from tests.cli.conftest import CLI, cli_env, read_jsonl
+
+    out = tmp_path / "rollouts.jsonl"
+    proc = subprocess.Popen([*CLI, "rollouts", "example_single_tool_call", "--policy", "openai", "--base-url",
+                             openai_base_url, "--model", tag("hang"), "--limit", "2", "-o", str(out), "--no-env-yaml"],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    began = None
+    for line in proc.stderr:  # the clock starts when the rollouts do (start-up is not the endpoint's)
+        if began is None and " to run: " in line:
+            began = time.monotonic()
+    proc.wait(180)
+    elapsed = time.monotonic() - began
+    assert proc.returncode == 1 and began is not None
+    failures = read_jsonl(failures_path(out))
+    assert len(failures) == 2 and {f["_ng_failure_class"] for f in failures} == {"policy_timeout"}
+    reason = failures[0]["failure_reason"]
+    assert "no reply in time, after 1 retry" in reason  # the timed-out attempt was retried
+    assert "each attempt 20 s (timeout_s / --attempt-timeout), the turn 30 s (turn_timeout_s / --turn-timeout)" in reason
+    assert 20 < elapsed < 30 + 10, elapsed  # the default deadline, and the command's own end
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_refuses_every_connection_stops_the_run_with_one_line(unused_port, tmp_path):
+    from tests.cli.conftest import read_jsonl, run_cli
+
+    out = tmp_path / "rollouts.jsonl"
+    result = run_cli("rollouts", "example_single_tool_call", "--policy", "openai", "--base-url",
+                     f"http://127.0.0.1:{unused_port}/v1", "--model", "m", "--num-repeats", "10", "-o", str(out),
+                     "--no-env-yaml", timeout=180)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    assert f"127.0.0.1:{unused_port}/v1 (model 'm', responses API) refuses every connection" in errors[0]
+    assert "Stopped the run after" in errors[0] and "--resume" in errors[0]
+    failures = read_jsonl(failures_path(out))
+    assert 1 <= len(failures) <= 8 < 50  # the first turns in flight, not all 50 rollouts one by one
+    assert all("cannot connect" in f["failure_reason"] for f in failures)

@@ -24,6 +24,20 @@ def test_aggregate_metrics_binary_and_continuous():
     assert agent["pass@1/reward"] == pytest.approx(25.0) and agent["pass@4/reward"] == 100.0
     assert "mean/note" not in agent and agent["num_tasks"] == 3
     assert metrics.key_metrics["pass@4/reward"] == 100.0
-    continuous = aggregate_metrics([{"_ng_task_index": 0, "reward": 0.5}, {"_ng_task_index": 0, "reward": 0.25}])
-    assert continuous.agent_metrics["pass@2/reward"] == 50.0
     assert aggregate_metrics([]).agent_metrics == {}
+
+
+def test_pass_rates_of_signed_and_fractional_rewards_are_rates():
+    """A pass is a reward of at least 1.0; pass@k counts passes, whatever else the rewards are."""
+    partial = aggregate_metrics([{"_ng_task_index": 0, "reward": 0.5}, {"_ng_task_index": 0, "reward": 0.25}])
+    assert partial.agent_metrics["pass@2/reward"] == 0.0 and partial.agent_metrics["mean/reward"] == 0.375
+    game = [{"_ng_task_index": t, "reward": r} for t, r in
+            [(0, -0.64), (0, 1.0), (1, -0.1), (1, -0.3), (2, 1.0), (2, 1.3)]]
+    agent = aggregate_metrics(game).agent_metrics
+    assert agent["pass@1/reward"] == pytest.approx(100 * (0.5 + 0 + 1) / 3)
+    assert agent["pass@2/reward"] == pytest.approx(100 * 2 / 3)
+    assert agent["pass@1[avg-of-2]/reward"] == pytest.approx(100 * (0.5 + 0 + 1) / 3)
+    assert all(0.0 <= v <= 100.0 for k, v in agent.items() if k.startswith("pass@"))
+    assert agent["mean/reward"] == pytest.approx(sum(r["reward"] for r in game) / 6)
+    strict = aggregate_metrics(game, pass_threshold=1.2).agent_metrics
+    assert strict["pass@2/reward"] == pytest.approx(100 / 3)

@@ -56,14 +56,17 @@ def test_masked_rows_are_counted_and_left_out_of_the_reward_metrics(tmp_path):
     assert (summary["num_rollouts"], summary["num_masked"]) == (7, 2)
     assert summary["agent_metrics"]["mean/reward"] == 3 / 5
     assert summary["failure_kinds"] == {"judge_failed": 2, "verifier_error": 1}
+    assert a["outcomes"] == {"masked": 2, "right": 2, "verifier_error": 1}  # what each row says happened
+    assert b["outcomes"] == {"right": 1, "wrong": 1}
     table = metrics_table(summary).splitlines()
-    assert table[0].split()[-2:] == ["masked", "failure_kind"]
+    assert table[0].endswith("masked  what the model did")
     line_a = next(line for line in table if line.startswith("a "))
-    assert "0.667" in line_a and "judge_failed: 2, verifier_error: 1" in line_a
-    assert line_a.split()[8] == "2"  # the masked column (after "pass@k (k=N)", two words)
+    assert "0.667" in line_a and line_a.endswith("masked 2, right 2, verifier_error 1")
+    assert line_a.split()[7] == "2"  # the masked column (pass@k is "-": one rollout a task)
     line_b = next(line for line in table if line.startswith("b "))
-    assert line_b.split()[-2:] == ["0", "-"]
-    assert next(line for line in table if line.startswith("total")).split()[8] == "2"
+    assert line_b.split()[7] == "0" and line_b.endswith("right 1, wrong 1")
+    assert next(line for line in table if line.startswith("total")).split()[7] == "2"
+    assert "verifier_error: the server's own failure_kind" in table
 
 
 def test_a_server_whose_every_row_is_masked_has_no_mean_reward(tmp_path):
@@ -76,4 +79,5 @@ def test_a_server_whose_every_row_is_masked_has_no_mean_reward(tmp_path):
     assert (entry["num_rollouts"], entry["num_masked"]) == (1, 1)
     assert "mean/reward" not in entry["agent_metrics"] or entry["agent_metrics"]["mean/reward"] is None
     line = metrics_table(summary).splitlines()[2]
-    assert line.split()[4] == "-" and "transport_timeout: 1" in line
+    assert line.split()[4] == "-" and line.endswith("masked 1")
+    assert entry["failure_kinds"] == {"transport_timeout": 1}

@@ -35,6 +35,13 @@ def test_defaults_are_valid():
 
 def test_for_policy_fills_in_only_what_is_unset():
     assert RolloutSettings().for_policy("openai").concurrency == DEFAULT_CONCURRENCY
+    endpoint = RolloutSettings().for_policy("openai")
+    assert (endpoint.attempt_timeout, endpoint.turn_timeout) == (20.0, 30.0)  # a hung endpoint: 30 s a rollout
+    assert RolloutSettings(turn_timeout=600).for_policy("openai").turn_timeout == 600
+    for kind in ("local", "scripted"):  # no deadline unless asked: a slow machine is not a hung endpoint
+        assert RolloutSettings().for_policy(kind).turn_timeout is None
+    assert RolloutSettings().for_policy("local").max_episode_tokens == LOCAL_DEFAULTS["max_episode_tokens"] == 512
+    assert RolloutSettings().for_policy("openai").max_episode_tokens is None
     assert RolloutSettings().for_policy("scripted").sampling == {}
     local = RolloutSettings().for_policy("local")
     assert local.concurrency == LOCAL_DEFAULTS["concurrency"]
@@ -60,6 +67,8 @@ def test_sampling_holds_only_the_overrides_that_are_set():
         ("timeout", 0, "--timeout must be > 0, got 0"),
         ("timeout", -1.5, "--timeout must be > 0, got -1.5"),
         ("turn_timeout", 0.0, "--turn-timeout must be > 0, got 0.0"),
+        ("attempt_timeout", -1, "--attempt-timeout must be > 0, got -1"),
+        ("max_episode_tokens", 0, "--max-episode-tokens must be >= 1, got 0"),
         ("server_url", "localhost:1", "--server-url must be an http:// or https:// URL, got 'localhost:1'"),
         ("head_url", "ftp://h", "--head-url must be an http:// or https:// URL, got 'ftp://h'"),
         ("base_url", "h:8000/v1", "--base-url must be an http:// or https:// URL, got 'h:8000/v1'"),
@@ -93,7 +102,7 @@ def test_every_flag_a_message_can_name_is_a_field():
     fields = {f.name for f in dataclasses.fields(RolloutSettings)}
     flags = {re.sub(r"^--", "", f).replace("-", "_") for f in _rollouts_flags() if f.startswith("--")}
     checked = {"num_repeats", "concurrency", "limit", "max_steps", "max_output_tokens", "timeout",
-               "turn_timeout", "server_url", "head_url", "base_url", "api"}
+               "attempt_timeout", "turn_timeout", "max_episode_tokens", "server_url", "head_url", "base_url", "api"}
     assert checked <= fields and checked <= flags
 
 

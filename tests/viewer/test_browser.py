@@ -183,6 +183,48 @@ def test_the_page_follows_a_file_being_written(page, tmp_path):
         page.finish()
 
 
+@pytest.fixture(scope="module")
+def mixed_results(tmp_path_factory):
+    """A real ``rollouts`` run whose rows end every way a row can (masked, failure kinds, no tool call, ...)."""
+    from tests.cli.conftest import mixed_run
+
+    folder = tmp_path_factory.mktemp("mixed")
+    return folder, mixed_run(folder).stdout
+
+
+def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, mixed_results):
+    """What ``rollouts`` printed and wrote to its metrics file is what the viewer's summary shows, opened
+    with the command the run printed last: mean reward, masked samples, pass rates, what the model did."""
+    import shlex
+
+    from playwright.sync_api import expect
+
+    from nemo_gym_env.protocol.outcomes import outcome_text
+
+    folder, stdout = mixed_results
+    printed = shlex.split(stdout.strip().splitlines()[-1].split(":", 1)[1])
+    assert printed[:2] == ["nemo-gym-env", "view"]
+    metrics = json.loads((folder / "results" / "rollouts_metrics.json").read_text())
+    assert metrics["per_server"]["rewards"]["num_masked"] == 2  # the case where they used to disagree
+    with running_cli(*printed[1:], cwd=folder) as viewer:
+        page.goto(viewer.url + "/#/summary")
+        expect(page.locator("pre.metrics-table")).to_have_text(metrics_table(metrics))
+        assert page.locator("pre.metrics-table").inner_text() in stdout  # the table the command printed
+        for name, entry in [*metrics["per_server"].items(), ("total", metrics)]:
+            card = page.locator(".card").filter(has=page.get_by_role("heading", name=name, exact=True))
+            agent = entry["agent_metrics"]
+            expect(card).to_contain_text(f"mean reward {agent['mean/reward']:.3f}")
+            expect(card).to_contain_text(f"{entry['num_rollouts']} rollouts · {agent['num_tasks']} tasks · "
+                                         f"{entry['num_failed']} failed · {entry['num_masked']} masked")
+            expect(card).to_contain_text(f"pass@1 {agent['pass@1/reward']:.1f}%")
+            expect(card.locator(".outcome")).to_have_text(
+                [f"{outcome_text(kind)} {count}" for kind, count in entry["outcomes"].items()])
+        rewards = page.locator(".card").filter(has=page.get_by_role("heading", name="rewards", exact=True))
+        expect(rewards).to_contain_text("mean reward 0.333")  # not 0.500: the masked samples are left out
+        expect(rewards.locator(".outcome")).to_have_text(["wrong_answer 4", "masked 2", "right 2"])
+        page.finish()
+
+
 def test_the_summary_page_shows_what_rollouts_prints(page, results, screenshot):
     from playwright.sync_api import expect
 

@@ -102,9 +102,12 @@ def test_an_episode_played_by_hand_scores_1_and_is_saved_once(play):
 def test_a_turn_a_model_gets_wrong_gets_the_answer_a_model_would(play):
     session = _start(play)["session"]
     unknown = _step(play, session, _call("no_such_tool", {}))
-    assert unknown["observation"][0]["output"] == '{"detail":"Not Found"}'  # the server's own reply, as NeMo Gym passes it
+    tools = "its tools are: get_synonym_value, extract_synonym_values"
+    assert json.loads(unknown["observation"][0]["output"]) == {
+        "error": f"Unknown tool 'no_such_tool': not a tool of this environment; {tools}"}
     reserved = _step(play, session, _call("verify", {}))
-    assert "Unknown tool 'verify'" in reserved["observation"][0]["output"]
+    assert json.loads(reserved["observation"][0]["output"]) == {
+        "error": f"Unknown tool 'verify': not a tool of this environment; {tools}"}
     garbled = _step(play, session, _call("get_synonym_value", '{"synonym": "Famished"'))  # typed, not JSON
     assert "Invalid tool call arguments" in garbled["observation"][0]["output"]
     rejected = _step(play, session, _call("get_synonym_value", {"word": 3}))

@@ -272,8 +272,12 @@ function serverCard(entry) {
     el("h3", {}, entry.name),
     el("div", { class: "figures" },
       el("div", {}, el("span", { class: "label" }, "mean reward "), el("strong", {}, fmtReward(entry.mean_reward))),
-      el("div", {}, `${fmtCount(entry.num_rollouts)} rollouts · ${fmtCount(entry.num_tasks)} tasks · ${fmtCount(entry.num_failed)} failed`),
+      el("div", {}, `${fmtCount(entry.num_rollouts)} rollouts · ${fmtCount(entry.num_tasks)} tasks · ${fmtCount(entry.num_failed)} failed · ${fmtCount(entry.num_masked)} masked`),
       el("div", {}, entry.pass_at.map((p) => `pass@${p.k} ${p.percent.toFixed(1)}%`).join(" · "))),
+    el("div", { class: "outcomes" }, el("span", { class: "label" }, "what the model did "),
+      entry.outcomes.length
+        ? entry.outcomes.map((o) => el("span", { class: "outcome", "data-outcome": o.outcome, title: o.outcome }, `${o.text} ${fmtCount(o.count)}`))
+        : el("span", { class: "muted" }, "-")),
     histogram(entry.histogram));
 }
 
