@@ -14,8 +14,14 @@ order. The policy stays in the driver, as with any vector env::
 
 With ``base_url`` (one URL, or the URLs of identical servers, e.g. placed by
 :class:`~nemo_gym_env.ray_cluster.RayLauncher`) every worker talks to those servers, sub-env
-``i`` pinned to ``base_url[i % len(base_url)]`` as in the local env. Without it, every worker
-starts the bundled server on its own node.
+``i`` pinned to ``base_url[i % len(base_url)]`` as in the local env. ``base_url`` may be the
+``RayLauncher`` itself (its servers, by name): a server it places again after its node was lost
+is followed, each episode that starts afterwards plays on the new address. Without it, every
+worker starts the bundled server on its own node.
+
+Before any worker starts, their CPUs are checked against what the cluster has free
+(:func:`~nemo_gym_env.ray_cluster.capacity.require`): an env that cannot fit fails at once with the
+numbers.
 
 A step is checked on every worker before any worker plays it: a bad action (naming its
 sub-env by its index in the whole env) raises and changes nothing.
@@ -40,8 +46,10 @@ from gymnasium.spaces import Tuple
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
 from nemo_gym_env.errors import ActionError
+from nemo_gym_env.ray_cluster.capacity import require
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -72,6 +80,15 @@ class _ShardWorker:
         import ray  # the optional dependency: only inside a Ray worker
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def retarget(self, urls: list[str]) -> None:
+        """The servers' current URLs (in this shard's order): episodes that start from now on use them."""
+        clients = self.env.clients
+        for k, url in enumerate(urls[:len(clients)]):
+            old = clients[k]
+            if old.base_url != url.rstrip("/"):
+                clients[k] = ResourcesClient(url, timeout_s=old.timeout_s, verify_timeout_s=old.verify_timeout_s)
+        self.env.client = clients[0]
 
     def spaces(self) -> tuple[Any, Any]:
         return self.env.single_observation_space, self.env.single_action_space
@@ -129,7 +146,9 @@ class RayVectorEnv(VectorEnv):
         num_envs: Sub-envs in all.
         num_workers: Ray workers (actors); sub-envs are split into this many contiguous shards.
         base_url: A running server's URL or a list of identical servers' URLs, reachable from
-            every worker. Without it each worker starts the bundled ``server`` on its node.
+            every worker, or a :class:`~nemo_gym_env.ray_cluster.RayLauncher` whose servers (by
+            name) are followed when one is placed again. Without it each worker starts the
+            bundled ``server`` on its node.
         dataset: Task rows (a list, sent to the workers) or a JSONL path that exists on every node.
         autoreset_mode: As :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`.
         num_cpus_per_worker: CPUs each worker reserves (spreads the workers over the nodes).
@@ -145,7 +164,7 @@ class RayVectorEnv(VectorEnv):
         num_envs: int = 2,
         num_workers: int = 2,
         *,
-        base_url: str | Sequence[str] | None = None,
+        base_url: str | Sequence[str] | Any | None = None,
         dataset: str | Path | Sequence[dict[str, Any]] | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         num_cpus_per_worker: float = 1.0,
@@ -164,10 +183,15 @@ class RayVectorEnv(VectorEnv):
         self.call_timeout_s = call_timeout_s
         self._ray = import_ray()
         connect(address)
+        self._follow = base_url if hasattr(base_url, "urls") else None  # a RayLauncher: its current addresses
+        if self._follow is not None:
+            base_url = self._launcher_urls()
         urls = None if base_url is None else [base_url] if isinstance(base_url, str) else [str(u) for u in base_url]
         if urls is not None and not urls:
             raise ValueError("base_url is an empty list; give at least one server URL")
         self._urls = urls
+        require(f"RayVectorEnv: {num_workers} worker(s) of {num_cpus_per_worker:g} CPU",
+                [(num_cpus_per_worker, 0.0)] * num_workers, wait_s=5.0)
         self._env_kwargs = {"server": server, "dataset": list(dataset) if isinstance(dataset, Sequence)
                             and not isinstance(dataset, str) else dataset,
                             "autoreset_mode": self.autoreset_mode, **env_kwargs}
@@ -302,18 +326,37 @@ class RayVectorEnv(VectorEnv):
 
     def _spawn(self, shard: _Shard) -> None:
         kwargs = dict(self._env_kwargs)
-        if self._urls is not None:  # keep the whole env's pinning: sub-env i on urls[i % n]
-            turn = shard.start % len(self._urls)
-            kwargs["base_url"] = self._urls[turn:] + self._urls[:turn]
+        if self._urls is not None:
+            kwargs["base_url"] = self._shard_urls(shard)
         shard.handle = self._actor.remote(kwargs, shard.size, shard.start)
         shard.needs_reset = [True] * shard.size
 
     def _get(self, ref: Any) -> Any:
         return self._ray.get(ref, timeout=self.call_timeout_s)
 
+    def _launcher_urls(self) -> list[str]:
+        return [url for _, url in sorted(self._follow.urls.items())]
+
+    def _shard_urls(self, shard: _Shard) -> list[str]:
+        assert self._urls is not None
+        turn = shard.start % len(self._urls)  # the whole env's pinning: sub-env i on urls[i % n]
+        return self._urls[turn:] + self._urls[:turn]
+
+    def _follow_servers(self) -> None:
+        """A server the launcher placed again: every worker's next episodes go to its new address."""
+        urls = self._launcher_urls()
+        if urls == self._urls:
+            return
+        self._urls = urls
+        for shard in self.shards:
+            if shard.handle is not None:
+                shard.handle.retarget.remote(self._shard_urls(shard))  # before the call that follows
+
     def _fan_out(self, calls: Mapping[int, tuple[str, tuple]]) -> dict[int, Any]:
         """Call ``method(*args)`` on the given shards' workers at once; a lost worker's result
         is the reason (a str), and the shard has a new worker already."""
+        if self._follow is not None:
+            self._follow_servers()
         refs = {k: getattr(self.shards[k].handle, method).remote(*args) for k, (method, args) in calls.items()}
         out: dict[int, Any] = {}
         for k, ref in refs.items():

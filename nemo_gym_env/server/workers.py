@@ -176,7 +176,16 @@ def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
 
 
 class RayRunner(TaskRunner):
-    """Ray tasks on a cluster (``address`` as for ``ray.init``: ``"auto"``, ``"ray://host:10001"``, ...).
+    """Ray tasks on a cluster (``address`` as for ``ray.init``: ``"auto"``, ``"ray://host:10001"``, ...),
+    in CPUs the runner reserves for them.
+
+    :meth:`start` joins the cluster and reserves a placement group of ``slots`` bundles of
+    ``num_cpus`` each, ``SPREAD`` over the nodes: the tasks run only there, at most ``slots`` at a
+    time, so the CPUs they need are held before anything else on the cluster (rollout workers that
+    take every free CPU, say) can starve them, and a task's time limit counts from when it can run.
+    A reservation the cluster cannot hold fails :meth:`start` with the numbers. The reservation
+    goes with the process (Ray removes a job's placement groups when its driver exits) or with
+    :meth:`aclose`.
 
     A task that overruns its limit is cancelled with ``force=True``, which kills its worker.
     ``ray`` is imported here, not at module import, so it stays an optional dependency.
@@ -184,54 +193,96 @@ class RayRunner(TaskRunner):
     Args:
         address: The cluster to join; ``"local"`` starts a private one.
         num_cpus: CPUs reserved per task.
+        slots: Tasks that may run at once (the bundles reserved).
+        label: Who reserves, in the placement group's name and in errors (``"math verifier"``).
+        reserve_timeout_s: How long to wait for the cluster to place the reservation.
         initializer: Run once in each Ray worker process before its first task (imports,
             warm-up), as ``ProcessPoolRunner``'s initializer, so that cost is not charged to
             the first task a fresh worker takes.
     """
 
-    def __init__(self, address: str, *, num_cpus: float = 1.0, initializer: Callable[[], Any] | None = None):
+    def __init__(self, address: str, *, num_cpus: float = 1.0, slots: int = 1, label: str = "verifier",
+                 reserve_timeout_s: float = 60.0, initializer: Callable[[], Any] | None = None):
         missing = ray_missing_message()
         if missing:
             raise RuntimeError(missing)
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         self.address = address
         self.num_cpus = num_cpus
+        self.slots = slots
+        self.label = label
+        self.reserve_timeout_s = reserve_timeout_s
         self._initializer = initializer
         self._ray = importlib.import_module("ray")
         self._remotes: dict[Callable[..., Any], Any] = {}
-        self._started = False
+        self._group: Any = None
+        self._free: asyncio.Semaphore | None = None
+        self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        """Join the cluster (once)."""
-        if not self._started:
-            if not self._ray.is_initialized():
-                await asyncio.to_thread(
-                    self._ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False
-                )
-            self._started = True
+        """Join the cluster and reserve the tasks' CPUs (once).
+
+        Raises:
+            RuntimeError: The cluster cannot hold the reservation within ``reserve_timeout_s``
+                (the message says how many CPUs it has and how many are free).
+        """
+        async with self._lock:
+            if self._group is not None:
+                return
+            ray = self._ray
+            if not ray.is_initialized():
+                await asyncio.to_thread(ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False)
+            name = f"nemo_gym_env {self.label} (pid {os.getpid()})"
+            group = ray.util.placement_group([{"CPU": self.num_cpus}] * self.slots, strategy="SPREAD", name=name)
+            try:
+                await asyncio.to_thread(ray.get, group.ready(), timeout=self.reserve_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a timeout, or a cluster that went away: both say the same
+                ray.util.remove_placement_group(group)
+                total = ray.cluster_resources().get("CPU", 0.0)
+                free = ray.available_resources().get("CPU", 0.0)
+                raise RuntimeError(
+                    f"{self.label}: cannot reserve {self.slots * self.num_cpus:g} CPU(s) for its Ray tasks "
+                    f"({self.slots} x {self.num_cpus:g}) on the cluster at {self.address} within "
+                    f"{self.reserve_timeout_s:g} s ({type(exc).__name__}): the cluster has {total:g} CPU(s), "
+                    f"{free:g} free; start this server before the rollout workers, ask for fewer task slots, "
+                    "or add nodes") from None
+            self._group = group
+            self._free = asyncio.Semaphore(self.slots)
 
     async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        """``fn(*args)`` as a Ray task; cancelled (worker killed) after ``timeout_s``."""
+        """``fn(*args)`` as a Ray task in the reservation; cancelled (worker killed) after ``timeout_s``
+        from when it could start."""
         await self.start()
-        remote = self._remotes.get(fn)
-        if remote is None:
-            # SPREAD: verification fans out over every node's CPUs (NeMo Gym's advice for CPU-heavy tasks).
-            remote = self._remotes[fn] = self._ray.remote(_warm_call).options(
-                num_cpus=self.num_cpus, max_retries=0, scheduling_strategy="SPREAD"
-            )
-        ref = remote.remote(self._initializer, fn, *args)
-        future = asyncio.wrap_future(ref.future())
-        done, _ = await asyncio.wait({future}, timeout=timeout_s)
-        if not done:
-            try:
-                self._ray.cancel(ref, force=True)
-            except Exception:  # already finished or gone: nothing left to stop
-                logger.debug("ray.cancel failed", exc_info=True)
-            raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; it was cancelled")
-        return future.result()
+        assert self._free is not None
+        async with self._free:
+            remote = self._remotes.get(fn)
+            if remote is None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=-1)
+                remote = self._remotes[fn] = self._ray.remote(_warm_call).options(
+                    num_cpus=self.num_cpus, max_retries=0, scheduling_strategy=strategy)
+            ref = remote.remote(self._initializer, fn, *args)
+            future = asyncio.wrap_future(ref.future())
+            done, _ = await asyncio.wait({future}, timeout=timeout_s)
+            if not done:
+                try:
+                    self._ray.cancel(ref, force=True)
+                except Exception:  # already finished or gone: nothing left to stop
+                    logger.debug("ray.cancel failed", exc_info=True)
+                raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; it was cancelled")
+            return future.result()
 
     async def aclose(self) -> None:
-        """Forget the remote functions; the Ray connection stays (other code in the process may use it)."""
+        """Give the reservation back; the Ray connection stays (other code in the process may use it)."""
         self._remotes.clear()
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception:  # the cluster or the connection is gone: so is the reservation
+                logger.debug("remove_placement_group failed", exc_info=True)
 
 
 _warmed = False

@@ -76,11 +76,14 @@ class MathResourcesServerConfig(BaseResourcesServerConfig):
         answer_fallback: Where to find the answer when there is no box: ``last_number`` (the
             last number in the message), ``answer_colon`` (the rest of the line after the last
             ``Answer:``), or ``none``.
-        verify_workers: Worker processes for math-verify; default ``min(4, cpu_count)``.
+        verify_workers: Worker processes for math-verify, or with a Ray address the CPUs reserved
+            on the cluster for its Ray tasks (at most that many run at once); default
+            ``min(4, cpu_count)``.
         verify_timeout_s: Time limit of one comparison; past it the reward is 0 with
             ``failure_reason``.
         max_answer_chars: Only the last this many characters of the message are searched.
-        ray_address: Run comparisons as Ray tasks on this cluster instead (needs ``ray``).
+        ray_address: Run comparisons as Ray tasks on this cluster instead, in ``verify_workers``
+            CPUs reserved at start (needs ``ray``).
         ray_head_node_address: NeMo Gym's name for ``ray_address``.
         judge_base_url: OpenAI-compatible endpoint of an LLM judge (off when unset).
         judge_model: Model name for the judge.
@@ -176,7 +179,9 @@ class MathResourcesServer(SimpleResourcesServer):
         config = self.config
         address = config.ray_address or config.ray_head_node_address
         if address:
-            self._runner = RayRunner(address, initializer=init_worker)  # a clear error when ray is missing
+            # verify_workers CPUs reserved on the cluster at start (a clear error when ray is missing)
+            self._runner = RayRunner(address, slots=config.verify_workers or default_workers(),
+                                     label="math verifier", initializer=init_worker)
         else:
             self._runner = ProcessPoolRunner(
                 config.verify_workers or default_workers(), initializer=init_worker

@@ -66,3 +66,17 @@ class TokenPolicyFactory:
 
     def __call__(self) -> TokenPolicy:
         return TokenPolicy(self.server, **self.kwargs)
+
+
+class MathAnswers(Policy):
+    """``math``'s scripted player, right on some tasks and wrong on the others (by the expected answer's
+    text, so every run, local or on Ray, gives each task the same answer). Pass the class as the factory."""
+
+    def __init__(self) -> None:
+        self.name = "scripted:math:mixed"
+        self._right = ScriptedPolicy("math")
+        self._wrong = ScriptedPolicy("math", correct=False)
+
+    async def generate(self, request: PolicyRequest) -> PolicyTurn:
+        right = sum(map(ord, str(request.row.get("expected_answer")))) % 2 == 0
+        return await (self._right if right else self._wrong).generate(request)
