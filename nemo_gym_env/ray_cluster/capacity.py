@@ -20,7 +20,7 @@ from typing import Any
 from nemo_gym_env.errors import ClusterCapacityError
 from nemo_gym_env.ray_cluster.connection import import_ray
 
-__all__ = ["free_per_node", "require", "reservations", "track"]
+__all__ = ["free_per_node", "require", "reservations", "spread", "track"]
 
 _EPSILON = 1e-6
 _HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -65,6 +65,18 @@ def reservations() -> list[str]:
     return held
 
 
+def _packs(demands: Sequence[tuple[float, float]], nodes: dict[str, dict[str, float]]) -> bool:
+    """Whether every demand fits on some node's free resources (first fit, largest first)."""
+    room = [[float(n.get("CPU", 0.0)), float(n.get("GPU", 0.0))] for n in nodes.values()]
+    for cpus, gpus in sorted(demands, reverse=True):
+        slot = next((r for r in room if r[0] + _EPSILON >= cpus and r[1] + _EPSILON >= gpus), None)
+        if slot is None:
+            return False
+        slot[0] -= cpus
+        slot[1] -= gpus
+    return True
+
+
 def require(what: str, demands: Sequence[tuple[float, float]], *, wait_s: float = 15.0) -> None:
     """Check that actors needing ``demands`` (``(cpus, gpus)`` each) fit; wait up to ``wait_s`` for them to.
 
@@ -82,7 +94,9 @@ def require(what: str, demands: Sequence[tuple[float, float]], *, wait_s: float 
         total: dict[str, Any] = ray.cluster_resources()
         free: dict[str, Any] = ray.available_resources()
         short = [key for key, value in needs.items() if free.get(key, 0.0) + _EPSILON < value]
-        if not short:
+        nodes = free_per_node()
+        unpacked = not short and nodes and not _packs(demands, nodes)  # enough in all, but not on any one node
+        if not short and not unpacked:
             return
         never = [key for key in short if total.get(key, 0.0) + _EPSILON < needs[key]]
         if never or time.monotonic() >= deadline:
@@ -92,9 +106,44 @@ def require(what: str, demands: Sequence[tuple[float, float]], *, wait_s: float 
     for key in short:
         parts.append(f"{needs[key]:g} {key} needed, the cluster has {float(total.get(key, 0.0)):g} and "
                      f"{float(free.get(key, 0.0)):g} free")
+    if unpacked:
+        each = sorted({f"{c:g} CPU" + (f" + {g:g} GPU" if g else "") for c, g in demands})
+        spread = ", ".join(f"{float(n.get('CPU', 0.0)):g}" for n in nodes.values())
+        parts.append(f"{len(demands)} x {' / '.join(each)} do not fit in the free CPUs of the nodes ({spread}): "
+                     "each one must fit on a single node")
     held = reservations()
     raise ClusterCapacityError(
         f"{what} cannot fit: {'; '.join(parts)}"
         + (f" (held: {'; '.join(held)})" if held else "")
         + ". Ask for fewer workers or fewer CPUs each (fractions are allowed), give servers fewer verifier "
           "slots (verify_workers, max_concurrent), or add nodes")
+
+
+def spread(demands: Sequence[tuple[float, float]]) -> list[Any]:
+    """A scheduling strategy for each of several actors: the alive nodes in turn, each actor on the next
+    node with room for it (soft node affinity: Ray places it elsewhere if that node fills meanwhile).
+
+    Ray's own ``SPREAD`` is best effort and may stack actors on one node while another is idle;
+    it is what is returned when this Ray cannot tell the free resources of each node.
+    """
+    nodes = free_per_node()
+    if not nodes:
+        return ["SPREAD"] * len(demands)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    room = {node: [float(free.get("CPU", 0.0)), float(free.get("GPU", 0.0))] for node, free in nodes.items()}
+    order = sorted(room)
+    strategies: list[Any] = []
+    turn = 0
+    for cpus, gpus in demands:
+        for step in range(len(order)):
+            node = order[(turn + step) % len(order)]
+            if room[node][0] + _EPSILON >= cpus and room[node][1] + _EPSILON >= gpus:
+                room[node][0] -= cpus
+                room[node][1] -= gpus
+                turn += step + 1
+                strategies.append(NodeAffinitySchedulingStrategy(node_id=node, soft=True))
+                break
+        else:
+            strategies.append("SPREAD")
+    return strategies

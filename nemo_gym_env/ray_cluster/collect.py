@@ -38,7 +38,7 @@ from typing import Any
 
 from nemo_gym_env.errors import WorkersLost
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
-from nemo_gym_env.ray_cluster.capacity import require
+from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -223,9 +223,10 @@ def ray_collect(
     if jobs:
         require(f"ray_collect: {num_workers} worker(s) of {num_cpus_per_worker:g} CPU and {num_gpus_per_worker:g} GPU",
                 [(num_cpus_per_worker, num_gpus_per_worker)] * num_workers, wait_s=5.0)
-    actor = remote_class(_RolloutWorker).options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
-                                    scheduling_strategy="SPREAD", max_restarts=0)
-    workers = [_Worker(actor.remote(policy_factory, urls, dict(routes or {}), settings), i) for i in range(num_workers)]
+    places = spread([(num_cpus_per_worker, num_gpus_per_worker)] * num_workers)  # the nodes in turn
+    workers = [_Worker(remote_class(_RolloutWorker).options(
+        num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, scheduling_strategy=place, max_restarts=0,
+    ).remote(policy_factory, urls, dict(routes or {}), settings), i) for i, place in enumerate(places)]
     finished: set[Key] = set()  # received from a worker (yielded, or waiting for its turn)
     waiting: dict[Key, dict[str, Any]] = {}
     next_at = 0

@@ -49,7 +49,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
 from nemo_gym_env.errors import ActionError
-from nemo_gym_env.ray_cluster.capacity import require
+from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -195,15 +195,14 @@ class RayVectorEnv(VectorEnv):
         self._env_kwargs = {"server": server, "dataset": list(dataset) if isinstance(dataset, Sequence)
                             and not isinstance(dataset, str) else dataset,
                             "autoreset_mode": self.autoreset_mode, **env_kwargs}
-        self._actor = remote_class(_ShardWorker).options(num_cpus=num_cpus_per_worker, scheduling_strategy="SPREAD",
-                                              max_restarts=0)
+        self._cpus = num_cpus_per_worker
         parts = np.array_split(np.arange(num_envs), num_workers)  # the first num_envs % num_workers get one more
         self.shards = [_Shard(k, int(part[0]), int(part[-1]) + 1) for k, part in enumerate(parts)]
         self.lost_workers: list[tuple[int, str]] = []
         """(shard index, reason) for every worker that died and was replaced."""
         try:
-            for shard in self.shards:
-                self._spawn(shard)
+            for shard, place in zip(self.shards, spread([(num_cpus_per_worker, 0.0)] * num_workers)):
+                self._spawn(shard, place)  # the nodes in turn
             spaces = [self._ray.get(s.handle.spaces.remote(), timeout=call_timeout_s) for s in self.shards]
         except lost_worker_errors(self._ray) as exc:
             self.close()
@@ -324,11 +323,13 @@ class RayVectorEnv(VectorEnv):
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _spawn(self, shard: _Shard) -> None:
+    def _spawn(self, shard: _Shard, place: Any = None) -> None:
         kwargs = dict(self._env_kwargs)
         if self._urls is not None:
             kwargs["base_url"] = self._shard_urls(shard)
-        shard.handle = self._actor.remote(kwargs, shard.size, shard.start)
+        place = place or spread([(self._cpus, 0.0)])[0]
+        shard.handle = remote_class(_ShardWorker).options(num_cpus=self._cpus, scheduling_strategy=place,
+                                                          max_restarts=0).remote(kwargs, shard.size, shard.start)
         shard.needs_reset = [True] * shard.size
 
     def _get(self, ref: Any) -> Any:

@@ -36,6 +36,9 @@ def cluster_env() -> dict[str, str]:
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray kills workers when the machine's memory passes 95%; on a machine shared with other jobs that
+        # is their memory, not this cluster's: no killing.
+        "RAY_memory_monitor_refresh_ms": "0",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
 
@@ -122,7 +125,7 @@ class LocalCluster:
         workers and the servers they launched run in process groups and sessions of their own).
         """
         self._names.pop(process.pid, None)
-        doomed = _descendants(process.pid)
+        doomed = descendants(process.pid)
         _signal_group(process, signal.SIGKILL)
         for pid in doomed:
             try:
@@ -185,7 +188,7 @@ class LocalCluster:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     """Every process whose chain of parents leads to ``root`` (read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

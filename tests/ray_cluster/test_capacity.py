@@ -62,7 +62,7 @@ def test_math_on_ray_tasks_gives_the_single_machine_rewards_at_every_worker_coun
         free = int(ray.available_resources()["CPU"])
         assert free == total - 2, (free, total)
         for workers in range(1, total + 1):
-            cpus = 1.0 if workers <= free else free / workers  # beyond the free CPUs: fractions of them
+            cpus = 1.0 if workers <= free else 0.5  # beyond the free CPUs: half a CPU each
             if workers > free:  # at one CPU each it cannot fit: said at once, with the numbers
                 message = (rf"ray_collect: {workers} worker\(s\) of 1 CPU and 0 GPU cannot fit: {workers} CPU needed, "
                            rf"the cluster has {total} and {free} free \(held: .*math verifier.*"
@@ -70,6 +70,10 @@ def test_math_on_ray_tasks_gives_the_single_machine_rewards_at_every_worker_coun
                 with pytest.raises(ClusterCapacityError, match=message):
                     next(ray_collect(rows, MathAnswers, launcher, num_workers=workers, num_repeats=REPEATS,
                                      timeout_s=60))
+                if workers == free + 1:  # enough CPUs in all, but not on any one node: said too
+                    with pytest.raises(ClusterCapacityError, match=r"do not fit in the free CPUs of the nodes"):
+                        next(ray_collect(rows, MathAnswers, launcher, num_workers=workers,
+                                         num_cpus_per_worker=free / workers, timeout_s=60))
             out = list(ray_collect(rows, MathAnswers, launcher, num_workers=workers, num_cpus_per_worker=cpus,
                                    num_repeats=REPEATS, concurrency=4, chunk_size=2, timeout_s=240))
             assert _rewards(out) == expected, f"{workers} worker(s) of {cpus:g} CPU"
