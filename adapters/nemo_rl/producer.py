@@ -207,6 +207,9 @@ class NemoGymRollouts:
         if not rows:
             raise ValueError("the rollout batch must not be empty")
         self._spinup()
+        if isinstance(self._launcher, RayLauncher):  # a server placed again after its node was lost: follow it
+            moved = self._clients.retarget(self._launcher.urls)
+            self.servers.update({name: self._launcher.urls[name] for name in moved})
         jobs = [self._job(position, row) for position, row in enumerate(rows)]
         slots = asyncio.Semaphore(self.settings.concurrency)
         tensors = self._tensors()

@@ -183,7 +183,9 @@ class RayRunner(TaskRunner):
     ``num_cpus`` each, ``SPREAD`` over the nodes: the tasks run only there, at most ``slots`` at a
     time, so the CPUs they need are held before anything else on the cluster (rollout workers that
     take every free CPU, say) can starve them, and a task's time limit counts from when it can run.
-    A reservation the cluster cannot hold fails :meth:`start` with the numbers. The reservation
+    Before :meth:`start` returns, a worker is started in each bundle and the initializer run there,
+    so the first tasks' limits are not spent starting processes and importing. A reservation the
+    cluster cannot hold fails :meth:`start` with the numbers. The reservation
     goes with the process (Ray removes a job's placement groups when its driver exits) or with
     :meth:`aclose`.
 
@@ -249,6 +251,21 @@ class RayRunner(TaskRunner):
                     "or add nodes") from None
             self._group = group
             self._free = asyncio.Semaphore(self.slots)
+            await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """Start a worker in every bundle and run the initializer there, so the first verifications'
+        time limits are not spent starting processes and importing (a warning if it takes too long)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        refs = [self._ray.remote(_warm_call).options(
+            num_cpus=self.num_cpus, max_retries=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
+        ).remote(self._initializer, _ready) for index in range(self.slots)]
+        try:
+            await asyncio.to_thread(self._ray.get, refs, timeout=self.reserve_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the tasks will start their workers themselves
+            logger.warning("%s: warming up its Ray workers: %s: %s", self.label, type(exc).__name__, exc)
 
     async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         """``fn(*args)`` as a Ray task in the reservation; cancelled (worker killed) after ``timeout_s``

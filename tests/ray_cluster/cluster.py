@@ -57,12 +57,17 @@ class LocalCluster:
     @classmethod
     def start(cls, workers: int = 1, timeout_s: float = 180.0, cpus: int = 2) -> LocalCluster:
         cluster = cls(temp_dir=tempfile.mkdtemp(prefix="ngr", dir="/tmp"), cpus=cpus)  # short: socket paths are limited
-        port = _free_port()
-        cluster.address = f"127.0.0.1:{port}"
         try:
-            cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
-                                   f"--temp-dir={cluster.temp_dir}"])
-            cluster._wait_port(port, timeout_s)
+            for attempt in (1, 2):  # Ray gives a node 30 s to register, which a loaded machine can miss
+                port = _free_port()
+                cluster.address = f"127.0.0.1:{port}"
+                head = cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
+                                              f"--temp-dir={cluster.temp_dir}"])
+                if cluster._started(head, "head", timeout_s):
+                    break
+                if attempt == 2 or "timed out during startup" not in cluster.log_tail("head"):
+                    raise RuntimeError(f"the Ray head exited: {cluster.log_tail('head')}")
+                cluster.nodes.remove(head)
             cluster.wait_nodes(1, timeout_s)  # a worker that joins a head still starting can time out
             for n in range(workers):
                 cluster.add_worker(f"worker{n}")
@@ -87,17 +92,16 @@ class LocalCluster:
         self.nodes.append(process)
         return process
 
-    def _wait_port(self, port: int, timeout_s: float) -> None:
+    def _started(self, process: subprocess.Popen, name: str, timeout_s: float) -> bool:
+        """Whether the node says it started (True) or exits first (False), as a plain ``ray start`` returns."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                if self.nodes[0].poll() is not None:
-                    raise RuntimeError(f"the Ray head exited: {self.log_tail('head')}") from None
-                time.sleep(0.2)
-        raise TimeoutError(f"the Ray head did not listen within {timeout_s:g} s: {self.log_tail('head')}")
+            if "Ray runtime started" in self.log_tail(name, 200):
+                return True
+            if process.poll() is not None:
+                return False
+            time.sleep(0.2)
+        raise TimeoutError(f"the Ray {name} did not start within {timeout_s:g} s: {self.log_tail(name)}")
 
     def wait_nodes(self, count: int, timeout_s: float = 120.0) -> None:
         """Wait until ``count`` nodes are alive (connects this process to the cluster)."""

@@ -38,15 +38,24 @@ if [ "$1" != start ]; then exec "$RAY_PYTHON" -m ray.scripts.scripts "$@"; fi
 shift
 extra=(--block --temp-dir="$RAY_TEST_TMP/r$$" --node-ip-address=127.0.0.1 --disable-usage-stats)
 case " $* " in *" --head "*) extra+=(--include-dashboard=false) ;; esac
-log="$RAY_TEST_TMP/node$$.log"
-setsid "$RAY_PYTHON" -m ray.scripts.scripts start "$@" "${extra[@]}" >"$log" 2>&1 </dev/null &
-echo $! >>"$RAY_TEST_TMP/nodes"
-for _ in $(seq 1 600); do  # as a plain `ray start` does: return once the node is up, fail if it fails
-  grep -q "Ray runtime started" "$log" && exit 0
-  kill -0 $! 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.5
+for attempt in 1 2 3; do
+  log="$RAY_TEST_TMP/node$$-$attempt.log"
+  setsid "$RAY_PYTHON" -m ray.scripts.scripts start "$@" "${extra[@]}" >"$log" 2>&1 </dev/null &
+  pid=$!
+  echo $pid >>"$RAY_TEST_TMP/nodes"
+  for _ in $(seq 1 600); do  # as a plain `ray start` does: return once the node is up, fail if it fails
+    grep -q "Ray runtime started" "$log" && exit 0
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -0 $pid 2>/dev/null && { echo "ray start: not up after 300 s" >&2; exit 1; }
+  # Ray gives a node 30 s to register, which a loaded machine can miss: only then, start it again.
+  grep -q "timed out during startup" "$log" || break
+  echo "ray start: the node timed out registering; starting it again" >&2
+  sleep 2
 done
-echo "ray start: not up after 300 s" >&2; exit 1
+cat "$log" >&2
+exit 1
 """
 
 
