@@ -17,13 +17,14 @@ One folder per side of the wire (``docs/architecture.md`` shows how they meet):
 - ``envs/``: the Gymnasium env and vector env;
 - ``rollouts/``: collecting rollouts into JSONL; ``policies/``: what plays the model;
 - ``ray_cluster/``: scale-out on Ray; ``adapters/``: TRL and NeMo RL; ``cli/``: ``nemo-gym-env``;
+- ``system/``: sockets, process groups, the launcher's hand-over, secret redaction (both sides);
+- ``viewer/``: the rollout viewer and play pages;
 - ``errors``: every public error, under :class:`~nemo_gym_env.errors.NemoGymError`.
 
 The names below load lazily, so server processes and verifier workers that import a
 submodule do not pay for the env stack; in a server process started by the launcher the ids
 are registered only once ``gymnasium`` is imported (see
-:func:`~nemo_gym_env.envs.registration.register_envs_on_gymnasium_import`). Modules that
-moved into these folders still import under their old paths (:data:`nemo_gym_env.imports.MOVED`).
+:func:`~nemo_gym_env.envs.registration.register_envs_on_gymnasium_import`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from nemo_gym_env.envs.registration import (
     register_envs,
     register_envs_on_gymnasium_import,
 )
-from nemo_gym_env.imports import install_moved_modules, lazy_exports
-from nemo_gym_env.launch.child_env import SERVER_ENV
+from nemo_gym_env.imports import lazy_exports
+from nemo_gym_env.system.child_env import SERVER_ENV
 
 if TYPE_CHECKING:
     from nemo_gym_env.envs.env import NemoGymEnv
@@ -55,8 +56,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "NemoGymVectorEnv": "nemo_gym_env.envs.vector",
     **dict.fromkeys(("ActionError", "NemoGymError", "ServerError"), "nemo_gym_env.errors"),
 })
-
-install_moved_modules()
 
 if os.environ.get(SERVER_ENV) is None:
     register_envs()

@@ -27,7 +27,13 @@ Which side raises what:
 - scale-out and trainer adapters: :class:`ClusterConnectionError`, :class:`ClusterCapacityError`,
   :class:`WorkersLost`, :class:`NemoRLFormatError`, :class:`RolloutFailed`;
 - the command line: :class:`UsageError`;
-- the rollout viewer and play pages: :class:`PageRequestError` (a request their API refuses).
+- the rollout viewer and play pages: :class:`PageRequestError` (a request their API refuses),
+  :class:`RowGoneError` (a file rewritten under the viewer's index).
+
+One exception is not an error and is not under :class:`NemoGymError`: :class:`Stopped`, raised
+by SIGTERM inside :func:`~nemo_gym_env.system.processes.sigterm_raises`. It is a
+``KeyboardInterrupt``, as Ctrl-C is, so that no ``except Exception`` on the way swallows a
+request to stop and every ``finally`` runs.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ __all__ = [
     "ModelProvisionError",
     "NoContinuation",
     "PageRequestError",
+    "RowGoneError",
     "NemoRLFormatError",
     "PolicyError",
     "RolloutFailed",
@@ -55,6 +62,7 @@ __all__ = [
     "ServerCrashed",
     "ServerError",
     "SessionLostError",
+    "Stopped",
     "TaskTimeout",
     "TransportError",
     "UnknownServerError",
@@ -141,7 +149,14 @@ class ConfigError(NemoGymError, ValueError):
 
 
 class LaunchError(NemoGymError, RuntimeError):
-    """A server could not be started, restarted or found."""
+    """A server could not be started, restarted or found.
+
+    ``status_code`` is the HTTP status when a server (a head server, say) answered one.
+    """
+
+    def __init__(self, message: str = "", *, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class ServerCrashed(LaunchError):
@@ -258,6 +273,10 @@ class UsageError(NemoGymError):
     """A mistake in how a command was called; printed as one line, exit code 1."""
 
 
+class RowGoneError(NemoGymError, LookupError):
+    """A row's line is no longer where the viewer's index put it (the file was rewritten): refresh and retry."""
+
+
 class PageRequestError(NemoGymError):
     """A request the viewer's or play page's API refuses: answered ``{"error": message}`` with ``status``."""
 
@@ -265,3 +284,14 @@ class PageRequestError(NemoGymError):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+# ---- signals -------------------------------------------------------------------------------------
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived: stop as on Ctrl-C (``signum`` says which signal; the exit code is 128 + it)."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(signum)
+        self.signum = signum

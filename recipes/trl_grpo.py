@@ -203,18 +203,26 @@ def record_heldout(path: str, record: dict[str, Any]) -> None:
 @hydra.main(version_base=None, config_path="conf", config_name="trl_grpo")
 def main(cfg: DictConfig) -> None:
     args: Settings = OmegaConf.to_object(cfg)
+    import nemo_gym_env  # noqa: F401  (registers the NemoGym/* ids)
+    from nemo_gym_env.adapters.trl.tasks import env_rows
+    from nemo_gym_env.protocol.dataset import load_rows
+
+    # 0. Settings that cannot work are refused before torch, TRL and the model load.
+    if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
+        raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "
+                         f"({args.micro_batch_size}) and of num_generations ({args.num_generations})")
+    eval_rows = load_rows(args.eval_dataset)[: args.eval_limit or None] if args.eval_dataset else []
+    if eval_rows:
+        check_disjoint(env_rows(args.env, **({} if args.dataset is None else {"dataset": args.dataset})), eval_rows)
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    import nemo_gym_env  # noqa: F401  (registers the NemoGym/* ids)
     from nemo_gym_env.adapters.trl import env_reward, nemo_gym_rollout_func, tasks_dataset
     from nemo_gym_env.adapters.trl.generation import checkpointing
     from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 
-    if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
-        raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "
-                         f"({args.micro_batch_size}) and of num_generations ({args.num_generations})")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     output_dir = Path(args.output_dir)
@@ -232,12 +240,6 @@ def main(cfg: DictConfig) -> None:
     rollout = nemo_gym_rollout_func(args.env, max_turns=args.max_turns, max_turn_tokens=args.max_turn_tokens,
                                     **env_kwargs)
     print(f"{args.env}: {len(tasks)} tasks")
-    if args.eval_dataset:
-        from nemo_gym_env.adapters.trl.tasks import env_rows
-        from nemo_gym_env.protocol.dataset import load_rows
-
-        eval_rows = load_rows(args.eval_dataset)[: args.eval_limit or None]
-        check_disjoint(env_rows(args.env, **{k: v for k, v in env_kwargs.items() if k == "dataset"}), eval_rows)
 
     # 2. The model: the embedded default unless told otherwise.
     model_path = args.model or str(default_model_dir())

@@ -9,6 +9,11 @@
   :func:`descendants`, :func:`wait_until`, :func:`wait_gone`.
 
 Fixture servers and data live in ``tests/fixtures`` (:mod:`tests.fixtures`).
+
+Under pytest-xdist (the README's test command: ``-n 2 --dist loadgroup``) every module runs whole
+on one worker, so a module-scoped server starts once; the folders of :data:`SHARED_STACKS`,
+whose tests share one package-scoped stack, run whole on one worker each. The reliability
+suite's figures travel in the reports and are printed (and written) here, on the controller.
 """
 
 from __future__ import annotations
@@ -32,6 +37,21 @@ if TYPE_CHECKING:
 
 EXAMPLES = ["example_single_tool_call", "example_multi_step", "example_session_state_mgmt"]
 BUNDLED = sorted(bundled_servers())
+HOSTED = sorted(name for name, folder in bundled_servers().items()
+                if "nemo_gym_env.bridge" in (folder / "app.py").read_text())
+"""Bundled servers that host another library's env (the bridge): their rewards are that env's own
+(a taxi's -1 a step, a blackjack loss), checked against the raw env in tests/bridge."""
+JUDGED = [name for name in BUNDLED if name not in HOSTED]
+"""Bundled servers whose ``/verify`` judges the episode: a correct play scores 1.0, a wrong one 0.0."""
+TESTS = Path(__file__).resolve().parent
+SHARED_STACKS = {
+    "interop": "one ng_run of NeMo Gym 0.4.0 (the package-scoped ng_stack fixture)",
+    "ray_cluster": "one two-node Ray cluster (the package-scoped ray_cluster fixture)",
+}
+"""Folders under tests/ whose tests share a package-scoped stack: one xdist group each."""
+FIGURE = "figure"
+"""The ``user_properties`` key of a figure the reliability suite measured."""
+FIGURES_ENV = "NEMO_GYM_ENV_FIGURES"
 
 
 def scripted(server: str) -> Callable:
@@ -143,3 +163,45 @@ def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
     """The pids still alive after waiting up to ``timeout``."""
     wait_until(lambda: not any(pid_alive(p) for p in pids), timeout, 0.1)
     return {p for p in pids if pid_alive(p)}
+
+
+# ---- pytest-xdist groups, and the figures of the run --------------------------------------------
+
+
+def xdist_group(path: Path) -> str:
+    """The xdist group of a test file: its folder's when the folder shares one stack, else the file."""
+    relative = path.resolve().relative_to(TESTS.parent)  # tests/... or servers/<name>/tests/...
+    if relative.parts[0] == "tests" and relative.parts[1] in SHARED_STACKS:
+        return "/".join(relative.parts[:2])
+    return relative.as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it runs only with --dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
+
+
+_FIGURES: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":  # the last report of a test carries every figure it recorded
+        _FIGURES.extend(value for key, value in report.user_properties if key == FIGURE)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for fig in _FIGURES:
+        value = fig["value"]
+        text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) if not isinstance(value, str) else value
+        terminalreporter.write_line(f"{fig['test']}: {fig['name']} = {text} {fig['unit']}".rstrip())
+    path = os.environ.get(FIGURES_ENV)
+    if path:
+        existing = json.loads(Path(path).read_text()) if Path(path).is_file() else []
+        keys = {(f["test"], f["name"]) for f in _FIGURES}
+        merged = [f for f in existing if (f["test"], f["name"]) not in keys] + _FIGURES
+        Path(path).write_text(json.dumps(merged, indent=1) + "\n")

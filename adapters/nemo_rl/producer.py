@@ -25,7 +25,7 @@ from typing import Any
 
 from nemo_gym_env.adapters.nemo_rl.policy import PolicySource, build_policy, default_policies
 from nemo_gym_env.adapters.nemo_rl.results import to_nemo_rl_result
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.errors import NemoRLFormatError, RolloutFailed
 from nemo_gym_env.launch.catalog import bundled_spec

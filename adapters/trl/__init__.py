@@ -41,7 +41,7 @@ What TRL 1.16 does, read from its source and checked by ``tests/adapters/trl``: 
 duplication"; the code and a recorded ``train()`` step say otherwise), so the rollout returns
 exactly ``len(prompts)`` rows and the copies of a prompt play the same task. ``rollout_func``
 gets the prompts only, not the other dataset columns, so :func:`tasks_dataset` also carries
-the task row inside the prompt's first message (key :data:`TASK_KEY`, ignored by chat
+the task row inside the prompt's first message (key :data:`TASK_ROW_FIELD`, ignored by chat
 templates).
 
 Per rollout row: ``prompt_ids`` (the first prompt, rendered by the tokenizer's chat template),
@@ -71,10 +71,10 @@ if TYPE_CHECKING:
     from nemo_gym_env.adapters.trl.generation import Generate, trainer_generate
     from nemo_gym_env.adapters.trl.rewards import component_rewards, env_reward
     from nemo_gym_env.adapters.trl.rollout import NemoGymRollout, nemo_gym_rollout_func
-    from nemo_gym_env.adapters.trl.tasks import TASK_KEY, env_rows, mixture_dataset, tasks_dataset
+    from nemo_gym_env.adapters.trl.tasks import TASK_ROW_FIELD, env_rows, mixture_dataset, tasks_dataset
 
 __all__ = [
-    "TASK_KEY",
+    "TASK_ROW_FIELD",
     "Generate",
     "NemoGymRollout",
     "component_rewards",
@@ -89,7 +89,7 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("TASK_KEY", "env_rows", "mixture_dataset", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
+    **dict.fromkeys(("TASK_ROW_FIELD", "env_rows", "mixture_dataset", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
     **dict.fromkeys(("component_rewards", "env_reward"), "nemo_gym_env.adapters.trl.rewards"),
     **dict.fromkeys(("Generate", "trainer_generate"), "nemo_gym_env.adapters.trl.generation"),
     **dict.fromkeys(("NemoGymRollout", "nemo_gym_rollout_func"), "nemo_gym_env.adapters.trl.rollout"),

@@ -25,6 +25,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
+from nemo_gym_env.envs.registration import env_name
 from nemo_gym_env.errors import ServerError
 
 __all__ = ["nemo_gym_environment", "nemo_gym_environments"]
@@ -255,7 +256,7 @@ def nemo_gym_environment(env_id: str, *, num_generations: int = 1, seed: int | N
             raise ValueError(f"{env_id}: tool {tool['name']!r} clashes with a method name; use the rollout_func route")
         namespace[method.__name__] = method
     namespace["close"] = classmethod(lambda cls: cls._shared.close())
-    name = "".join(part.capitalize() for part in re.split(r"\W+", env_id.split("/")[-1].rsplit("-v", 1)[0]) if part)
+    name = "".join(part.capitalize() for part in re.split(r"\W+", env_name(env_id)) if part)
     namespace["__doc__"] = f"Tools of {env_id}, one episode per reset (built by nemo_gym_environment)."
     namespace["__module__"] = __name__
     namespace["_build_args"] = (env_id, {"num_generations": num_generations, "seed": seed, **env_kwargs})

@@ -310,9 +310,9 @@ class NemoGymRollout:
             columns["num_turns"].append(row.num_turns)
             columns["truncated"].append(row.truncated)
             columns["env_error"].append(row.error)
-            task_keys = set(row.episode.task)
+            row_fields = set(row.episode.task)
             metrics.append({} if verify is None else {
-                k: v for k, v in numeric_fields(verify).items() if k not in _OWN_NUMBERS and k not in task_keys})
+                k: v for k, v in numeric_fields(verify).items() if k not in _OWN_NUMBERS and k not in row_fields})
             parts.append({} if verify is None or not isinstance(verify.get("reward_components"), dict)
                          else dict(verify["reward_components"]))
             steps.append(None if verify is None else list(row.episode.step_rewards))

@@ -2,7 +2,7 @@
 
 TRL's ``rollout_func`` receives the prompts only, not the other dataset columns, so
 :func:`tasks_dataset` carries each task row (JSON) inside its prompt's first message under
-:data:`TASK_KEY`, a key chat templates ignore; :class:`TaskTable` reads it back (or, for a
+:data:`TASK_ROW_FIELD`, a key chat templates ignore; :class:`TaskTable` reads it back (or, for a
 prompt built some other way, finds the one task row with the same messages).
 :class:`SharedEnv` is the env both TRL routes play on, made on first use.
 
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
     from nemo_gym_env.envs.env import NemoGymEnv
 
-__all__ = ["TASK_KEY", "SharedEnv", "TaskTable", "chat_messages", "env_rows", "mixture_dataset", "tasks_dataset"]
+__all__ = ["TASK_ROW_FIELD", "SharedEnv", "TaskTable", "chat_messages", "env_rows", "mixture_dataset", "tasks_dataset"]
 
-TASK_KEY = "nemo_gym_task"
+TASK_ROW_FIELD = "nemo_gym_task"
 """Key of the task row (JSON) on the first message of every prompt :func:`tasks_dataset` writes."""
 
 _CARRIED_CACHE_SIZE = 65536
@@ -98,7 +98,7 @@ def tasks_dataset(source: str | Path | Sequence[dict[str, Any]], **env_kwargs: A
     becoming ``system``), ``task`` (the row as a JSON string: reward functions receive it, and
     the environment built by :func:`~nemo_gym_env.adapters.trl.environment.nemo_gym_environment`
     seeds its session with it) and ``task_index``. ``rollout_func`` only sees the prompts, so the
-    first message also carries the row under :data:`TASK_KEY`.
+    first message also carries the row under :data:`TASK_ROW_FIELD`.
 
     Args:
         source: An env id (``"NemoGym/example_multi_step-v0"``), a bundled server name, a JSONL
@@ -119,7 +119,7 @@ def tasks_dataset(source: str | Path | Sequence[dict[str, Any]], **env_kwargs: A
 def _record(row: dict[str, Any], index: int) -> dict[str, Any]:
     messages = chat_messages(row)
     task = json.dumps(row, ensure_ascii=False)
-    messages = [{**m, TASK_KEY: task if n == 0 else None} for n, m in enumerate(messages)]
+    messages = [{**m, TASK_ROW_FIELD: task if n == 0 else None} for n, m in enumerate(messages)]
     return {"prompt": messages, "task": task, "task_index": index}
 
 
@@ -185,7 +185,7 @@ class TaskTable:
             ValueError: The prompt carries no task and matches no row, or several rows.
         """
         first = prompt[0] if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else {}
-        carried = first.get(TASK_KEY)
+        carried = first.get(TASK_ROW_FIELD)
         if isinstance(carried, str):
             return self.task(carried)
         if isinstance(prompt, list):

@@ -8,6 +8,7 @@ NeMo Gym's ``ng_run`` / ``ng_collect_rollouts`` jobs, starting in seconds with n
     nemo-gym-env serve "+config_paths=[my_env/configs/my_env.yaml]" +head_server.port=0
     nemo-gym-env rollouts --head-url http://127.0.0.1:11000 --input tasks.jsonl --policy openai
     nemo-gym-env list | config NAME | validate tasks.jsonl | init my_env
+    nemo-gym-env check guess_number | gymnasium:FrozenLake-v1 | http://127.0.0.1:8000   # is a server right?
     nemo-gym-env view results/rollouts.jsonl | play example_multi_step   # local web pages
 
 This module is argparse only: each command's module (:mod:`~nemo_gym_env.cli.rollouts`,
@@ -30,6 +31,7 @@ import traceback
 from collections.abc import Sequence
 
 from nemo_gym_env import __version__
+from nemo_gym_env.cli.check import add_check_parser
 from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
 from nemo_gym_env.errors import NemoGymError
 from nemo_gym_env.policies.factory import POLICY_KINDS
@@ -197,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_yaml(p)
     p.set_defaults(run="nemo_gym_env.cli.view:cmd_play")
 
+    add_check_parser(sub, common)
+
     p = sub.add_parser("list", parents=[common], help="the bundled servers, env ids and tools",
                        description="List the bundled servers: env ids, example tasks, tools.")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -251,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # A command's module is imported only when it runs, so `--help` and `list` stay quick.
         return int(getattr(importlib.import_module(module), function)(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Stopped
         say("interrupted")
-        return 130
+        return 128 + getattr(exc, "signum", 2)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line (tracebacks with --debug)
         if debug:
             traceback.print_exc()

@@ -13,17 +13,17 @@ import signal
 from pathlib import Path
 
 from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.errors import UsageError
+from nemo_gym_env.errors import Stopped, UsageError
 from nemo_gym_env.launch.config import server_specs
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.launch.signals import Stopped, sigterm_raises
 from nemo_gym_env.rollouts.identity import server_of
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, metrics_path
 from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import Progress, write_metrics
 from nemo_gym_env.rollouts.reverify import change_table, check_input, compare, count_by_server, reverify_rows
+from nemo_gym_env.system.processes import sigterm_raises
 
 __all__ = ["cmd_reverify", "default_output"]
 
@@ -94,10 +94,8 @@ def cmd_reverify(args: argparse.Namespace) -> int:
                                           on_row=progress.update))
             finally:
                 progress.close()
-    except KeyboardInterrupt:
-        stopped.append(signal.SIGINT)
-    except Stopped:
-        stopped.append(signal.SIGTERM)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Stopped
+        stopped.append(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
     finally:
         if launcher is not None:
             launcher.close()

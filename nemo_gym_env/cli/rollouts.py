@@ -7,12 +7,12 @@ from pathlib import Path
 
 from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
 from nemo_gym_env.launch.config import config_value
-from nemo_gym_env.launch.signals import sigterm_raises
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
 from nemo_gym_env.rollouts.plan import plan_rollouts
 from nemo_gym_env.rollouts.report import metrics_table, write_metrics
 from nemo_gym_env.rollouts.runner import open_output, run_plan
 from nemo_gym_env.rollouts.settings import RolloutSettings
+from nemo_gym_env.system.processes import sigterm_raises
 
 __all__ = ["cmd_rollouts", "settings_of"]
 

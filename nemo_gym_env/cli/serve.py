@@ -10,11 +10,11 @@ import time
 from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.config import other_instances, server_specs
-from nemo_gym_env.launch.head import HeadServer, head_address
+from nemo_gym_env.launch.head_server import HeadServer, head_address
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.launch.net import is_loopback
-from nemo_gym_env.launch.signals import Stopped, sigterm_raises
 from nemo_gym_env.rollouts.plan import load_run_config
+from nemo_gym_env.system.net import is_loopback
+from nemo_gym_env.system.processes import sigterm_raises
 
 __all__ = ["cmd_serve"]
 
@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("\n".join(lines), flush=True)
             while True:
                 time.sleep(3600)
-        except (KeyboardInterrupt, Stopped):
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as Stopped
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the stopping finish (bounded: 5 s per server)
             print(f"{PROG}: stopping", file=sys.stderr, flush=True)
             return 0

@@ -16,7 +16,7 @@ from nemo_gym_env.cli.common import PROG, env_yaml_path, split_targets
 from nemo_gym_env.envs.registration import env_id
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
-from nemo_gym_env.launch.head import public_config
+from nemo_gym_env.launch.head_server import public_config
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import text_table

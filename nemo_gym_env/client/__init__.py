@@ -4,7 +4,7 @@
   the resources client, the head-server client and the HTTP policies;
 - :mod:`~nemo_gym_env.client.resources`: :class:`ResourcesClient`, one episode's calls to a
   resources server with its own cookie jar;
-- :mod:`~nemo_gym_env.client.head`: where the servers behind a head server are;
+- :mod:`~nemo_gym_env.client.head_client`: where the servers behind a head server are;
 - :mod:`~nemo_gym_env.client.loop`: the background event loop behind every synchronous API.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
-    from nemo_gym_env.client.head import fetch_global_config, fetch_servers, server_urls_from_global_config
+    from nemo_gym_env.client.head_client import fetch_global_config, fetch_servers, server_urls_from_global_config
     from nemo_gym_env.client.loop import BackgroundLoop, background_loop
     from nemo_gym_env.client.resources import CookieJar, ResourcesClient
     from nemo_gym_env.client.transport import MAX_CONNECTIONS_PER_ORIGIN, HttpClient, Reply
@@ -39,7 +39,7 @@ __all__ = [
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("fetch_global_config", "fetch_servers", "server_urls_from_global_config"),
-                    "nemo_gym_env.client.head"),
+                    "nemo_gym_env.client.head_client"),
     **dict.fromkeys(("BackgroundLoop", "background_loop"), "nemo_gym_env.client.loop"),
     **dict.fromkeys(("CookieJar", "ResourcesClient"), "nemo_gym_env.client.resources"),
     **dict.fromkeys(("HttpClient", "MAX_CONNECTIONS_PER_ORIGIN", "Reply"), "nemo_gym_env.client.transport"),

@@ -33,7 +33,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
-from nemo_gym_env.envs.protocols import open_episode, server_traits
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
@@ -60,7 +60,7 @@ class NemoGymEnv(gym.Env[list, Any]):
         on_server_error: ``"truncate"`` (default) ends the episode with ``info["error"]``;
             ``"raise"`` raises :class:`~nemo_gym_env.errors.ServerError`.
         render_mode: ``"ansi"`` renders the episode as text.
-        protocol: ``"auto"`` (default: told from the server, see :mod:`nemo_gym_env.envs.protocols`),
+        protocol: ``"auto"`` (default: told from the server, see :mod:`nemo_gym_env.envs.traits`),
             ``"resources"`` (``/seed_session``, tools, ``/verify``) or ``"gymnasium"``
             (``/reset``, ``/step``: the server rewards every step).
         episode_reward: ``"verify"`` (default): an episode's reward (``info["reward"]`` at its

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from nemo_gym_env.envs.registration import MIXTURE_ID
-from nemo_gym_env.errors import ConfigError
+from nemo_gym_env.envs.registration import GENERIC_ID, MIXTURE_ID, server_name
+from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.protocol.keys import AGENT_REF_KEY
 
 __all__ = ["ENVIRONMENT_KEY", "MIXTURE_ID", "MixtureEntry", "apportion", "assign", "draw_mixture",
@@ -47,20 +47,17 @@ class MixtureEntry:
 
 
 def _server_of(env_id: str) -> str | None:
-    """The bundled server behind a registered ``NemoGym/<server>-v0`` id; None for the generic id."""
-    from nemo_gym_env.envs.registration import GENERIC_ID, NAMESPACE
-    from nemo_gym_env.launch.catalog import bundled_servers
-
+    """The bundled server behind an id (None for the generic id); a mixture's own error otherwise."""
     if env_id == GENERIC_ID:
         return None
-    prefix, suffix = f"{NAMESPACE}/", "-v0"
-    name = env_id[len(prefix):-len(suffix)] if env_id.startswith(prefix) and env_id.endswith(suffix) else None
-    servers = bundled_servers()
-    if name is None or name not in servers:
-        ids = ", ".join(f"{prefix}{s}{suffix}" for s in sorted(servers))
-        raise ConfigError(f"mixture: unknown env id {env_id!r}; use a bundled server's id ({ids}) or "
+    try:
+        server = server_name(env_id)
+    except UnknownServerError as exc:
+        raise ConfigError(f"mixture: {exc.args[0]}") from None
+    if server is None:
+        raise ConfigError(f"mixture: {env_id} cannot be an environment of a mixture; use bundled ids or "
                           f"{GENERIC_ID} with base_url and dataset")
-    return name
+    return server
 
 
 def mixture_entries(envs: Mapping[str, Any]) -> list[MixtureEntry]:

@@ -19,18 +19,17 @@ environment's id (``final_info`` too, in ``SAME_STEP`` mode).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gymnasium.spaces import Tuple
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 
-from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.envs.mixture import ENTRY_KEYS, MixtureEntry, assign, entry_env_kwargs, mixture_entries
 from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
-from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
+from nemo_gym_env.envs.vector import NemoGymVectorEnv
+from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ConfigError
 
 __all__ = ["NemoGymMixtureVectorEnv"]
@@ -45,7 +44,7 @@ class _Part:
         self.entry, self.env, self.indices = entry, env, indices
 
 
-class NemoGymMixtureVectorEnv(VectorEnv):
+class NemoGymMixtureVectorEnv(NemoGymVectorBase):
     """Sub-envs playing several environments, in proportion to their weights.
 
     Args:
@@ -86,9 +85,6 @@ class NemoGymMixtureVectorEnv(VectorEnv):
         self.env_ids: tuple[str, ...] = tuple(assign(entries, num_envs, assignment_seed))
         """The env id each sub-env plays."""
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
-        self.render_mode = render_mode
-        self.num_envs = len(self.env_ids)
         self.parts: list[_Part] = []
         try:
             for entry in entries:
@@ -99,40 +95,16 @@ class NemoGymMixtureVectorEnv(VectorEnv):
         except BaseException:
             self.close()
             raise
-        spaces: list[Any] = [None] * self.num_envs
+        spaces: list[Any] = [None] * len(self.env_ids)
         for part in self.parts:
             for i in part.indices:
                 spaces[i] = part.env.single_action_space
         names = tuple(dict.fromkeys(n for part in self.parts for n in part.env.single_action_space.tool_names))
-        self.single_observation_space = JsonItems()
-        self.single_action_space = ResponsesAction(tool_names=names)
-        """Every environment's tool names; ``action_space[i]`` is sub-env ``i``'s own."""
-        self.observation_space = Tuple([self.single_observation_space] * self.num_envs)
-        self.action_space = Tuple(spaces)
+        # single_action_space holds every environment's tool names; action_space[i] is sub-env i's own.
+        self._setup(len(self.env_ids), self.autoreset_mode, render_mode, JsonItems(),
+                    ResponsesAction(tool_names=names), action_spaces=spaces)
 
-    # ---- Gymnasium vector API ----------------------------------------------------------------
-
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """Reset sub-envs, as :meth:`NemoGymVectorEnv.reset <nemo_gym_env.envs.vector.NemoGymVectorEnv.reset>`.
-
-        ``seed + i`` seeds sub-env ``i``'s task draw; ``options["task_indices"][i]`` indexes the
-        rows of sub-env ``i``'s own environment.
-        """
-        return background_loop().run(self._areset(seed, options))
-
-    def step(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every sub-env; ``None`` for sub-envs that are about to autoreset."""
-        return background_loop().run(self._astep(actions))
-
-    async def areset(self, *, seed: int | Sequence[int | None] | None = None,
-                     options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """Async :meth:`reset`."""
-        return await background_loop().run_async(self._areset(seed, options))
-
-    async def astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Async :meth:`step`."""
-        return await background_loop().run_async(self._astep(actions))
+    # ---- what the base asks for ------------------------------------------------------------
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every environment's vector env (and give back the servers they started)."""
@@ -156,35 +128,25 @@ class NemoGymMixtureVectorEnv(VectorEnv):
                 out[i] = episode
         return out
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Per sub-env attribute of its episode, e.g. ``last_verify``, ``trajectory``, ``task``."""
-        return tuple(getattr(e, name, None) for e in self.episodes)
+    def sub_env_attr(self, name: str) -> list[Any]:
+        """``name`` of every sub-env's episode (``last_verify``, ``trajectory``, ``task``, ...)."""
+        return [getattr(e, name, None) for e in self.episodes]
 
     # ---- internals -------------------------------------------------------------------------
 
     def _named(self, i: int, info: dict[str, Any]) -> dict[str, Any]:
         return {**info, "env_id": self.env_ids[i]}
 
-    async def _areset(self, seed: Any, options: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
-        mask, task_indices = reset_options(options, self.num_envs)
-        seeds = env_seeds(seed, self.num_envs)
+    async def _areset(self, seeds: list[int | None], mask: np.ndarray,
+                      task_indices: list[int | None] | None) -> dict[int, tuple[list, dict]]:
         started = await asyncio.gather(*(
             part.env.reset_some([seeds[i] for i in part.indices], [mask[i] for i in part.indices],
                                 None if task_indices is None else [task_indices[i] for i in part.indices])
             for part in self.parts))
-        observations: list[list] = [[] for _ in range(self.num_envs)]
-        infos: dict[str, Any] = {}
-        for part, results in zip(self.parts, started):
-            for local, (obs, info) in results.items():
-                i = part.indices[local]
-                observations[i] = obs
-                infos = self._add_info(infos, self._named(i, info), i)
-        return tuple(observations), infos
+        return {part.indices[local]: (obs, self._named(part.indices[local], info))
+                for part, results in zip(self.parts, started) for local, (obs, info) in results.items()}
 
-    async def _astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        actions = list(actions)
-        if len(actions) != self.num_envs:
-            raise ValueError(f"{len(actions)} actions given for num_envs={self.num_envs}")
+    async def _astep(self, actions: list[Any]) -> list[SubEnvStep]:
         # Every action is checked before any sub-env plays: a bad one changes nothing anywhere.
         turns = [part.env.check_actions([actions[i] for i in part.indices], indices=part.indices)
                  for part in self.parts]
@@ -196,4 +158,4 @@ class NemoGymMixtureVectorEnv(VectorEnv):
                 if final is not None:
                     final = {**final, "final_info": self._named(i, final["final_info"])}
                 results[i] = ((obs, reward, terminated, truncated, self._named(i, info)), final)
-        return batch_step(self, results)
+        return results

@@ -11,15 +11,21 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["GENERIC_ID", "MIXTURE_ID", "env_id", "register_envs", "register_envs_on_gymnasium_import"]
+__all__ = ["GENERIC_ID", "HOSTED_IDS", "MIXTURE_ID", "env_id", "env_name", "register_envs",
+           "register_envs_on_gymnasium_import", "server_name"]
 
 NAMESPACE = "NemoGym"
 GENERIC_ID = f"{NAMESPACE}/Generic-v0"
 """Any server: ``gym.make(GENERIC_ID, base_url=..., dataset=...)`` or ``config_paths=[...]``."""
 
 MIXTURE_ID = f"{NAMESPACE}/Mixture-v0"
-"""Several envs by weight in one vector env: ``gym.make_vec(MIXTURE_ID, num_envs=..., envs={id: weight})``
+"""Several envs by weight: ``gym.make_vec(MIXTURE_ID, num_envs=..., envs={id: weight})``, or one env
+that draws its environment at each reset, ``gym.make(MIXTURE_ID, envs={id: weight})``
 (:mod:`nemo_gym_env.envs.mixture`)."""
+
+HOSTED_IDS = {f"{NAMESPACE}/Gymnasium-v0": "gymnasium", f"{NAMESPACE}/TextArena-v0": "textarena"}
+"""Another library's env served for you: ``gym.make("NemoGym/Gymnasium-v0", env_id="FrozenLake-v1")``,
+``gym.make("NemoGym/TextArena-v0", game="TowerOfHanoi-v0")`` (:mod:`nemo_gym_env.bridge`)."""
 
 ENTRY_POINT = "nemo_gym_env.envs.make:make_env"
 VECTOR_ENTRY_POINT = "nemo_gym_env.envs.make:make_vector_env"
@@ -34,6 +40,35 @@ and fails on a loaded one) and reports the time its tests took. Their ids carry
 def env_id(server: str) -> str:
     """The Gymnasium id of a bundled server, e.g. ``NemoGym/example_multi_step-v0``."""
     return f"{NAMESPACE}/{server}-v0"
+
+
+def env_name(this_id: str) -> str:
+    """The name inside a Gymnasium id ``[namespace/]name-vN``: ``NemoGym/math-v0`` -> ``math``,
+    ``NemoGym/Generic-v0`` -> ``Generic`` (an id without a version is its own name)."""
+    rest = str(this_id).rpartition("/")[2]
+    name, dash, version = rest.rpartition("-v")
+    return name if dash and name and version.isdigit() else rest
+
+
+def server_name(this_id: str) -> str | None:
+    """The bundled server behind an id (``NemoGym/math-v0`` -> ``math``); None for the ids that name no
+    bundled server (:data:`GENERIC_ID`, :data:`MIXTURE_ID`, :data:`HOSTED_IDS`). Inverse of :func:`env_id`.
+
+    Raises:
+        UnknownServerError: an id of no bundled server (the message lists them).
+    """
+    from nemo_gym_env.errors import UnknownServerError
+    from nemo_gym_env.launch.catalog import bundled_servers
+
+    if this_id in (GENERIC_ID, MIXTURE_ID, *HOSTED_IDS):
+        return None
+    name = env_name(this_id)
+    servers = bundled_servers()
+    if env_id(name) != this_id or name not in servers:
+        raise UnknownServerError(f"unknown env id {this_id!r}; use a bundled server's id "
+                                 f"({', '.join(env_id(s) for s in sorted(servers))}) or {GENERIC_ID} with base_url "
+                                 "and dataset")
+    return name
 
 
 def register_envs() -> list[str]:
@@ -57,6 +92,11 @@ def register_envs() -> list[str]:
             kwargs={} if name is None else {"server": name},
             nondeterministic=name in NONDETERMINISTIC,
         )
+    for this_id, library in HOSTED_IDS.items():
+        ids.append(this_id)
+        if this_id not in gym.registry:
+            gym.register(id=this_id, entry_point=ENTRY_POINT, vector_entry_point=VECTOR_ENTRY_POINT,
+                         kwargs={"library": library})
     ids.append(MIXTURE_ID)
     if MIXTURE_ID not in gym.registry:
         gym.register(id=MIXTURE_ID, entry_point="nemo_gym_env.envs.make:make_mixture",

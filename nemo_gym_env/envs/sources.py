@@ -7,10 +7,14 @@ server's start-up and those imports overlap (see :mod:`nemo_gym_env.envs.make`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from nemo_gym_env.bridge.targets import check_hosted, is_target, target_config
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
 from nemo_gym_env.launch.config import load_config, server_specs
 from nemo_gym_env.launch.shared import acquire_server, release_server
@@ -24,7 +28,8 @@ class ServerHandle:
 
     url: str
     name: str
-    default_dataset: Path | None
+    default_dataset: Path | list[dict[str, Any]] | None
+    """The rows an env plays when it is given none: a bundled server's example file, a hosted env's seeds."""
     acquired: str | None
 
     def release(self) -> None:
@@ -40,12 +45,18 @@ def resolve_server(
     config_paths: Sequence[str] | None,
     *,
     while_starting: Callable[[], object] | None = None,
+    hosted: dict[str, Any] | None = None,
+    num_tasks: int = 1000,
 ) -> ServerHandle:
-    """Find or start the server an env talks to: a URL, a config, or a bundled name.
+    """Find or start the server an env talks to: a URL, a config, a bundled name or a hosted env.
 
-    ``while_starting`` runs while a server this call starts boots (see
+    ``server`` may be ``gymnasium:ENV_ID`` or ``textarena:GAME`` (:mod:`~nemo_gym_env.bridge.targets`),
+    with ``hosted`` more keys of its config; its tasks are then ``num_tasks`` rows, one per seed
+    from 0. ``while_starting`` runs while a server this call starts boots (see
     :func:`~nemo_gym_env.launch.shared.acquire_server`).
     """
+    if base_url is None and server is not None and is_target(server):
+        return _hosted(server, hosted or {}, num_tasks, while_starting)
     if base_url is not None:
         return ServerHandle(base_url.rstrip("/"), server or base_url, None, None)
     if config_paths:
@@ -61,3 +72,18 @@ def resolve_server(
         raise ValueError("give a bundled server name, a base_url, or config_paths")
     process = acquire_server(spec, while_starting=while_starting)
     return ServerHandle(process.url, spec.instance_name, default, spec.instance_name)
+
+
+def _hosted(target: str, settings: dict[str, Any], num_tasks: int,
+            while_starting: Callable[[], object] | None) -> ServerHandle:
+    from nemo_gym_env.bridge.datasets import example_rows
+    from nemo_gym_env.launch.config import ServerSpec
+
+    ((instance, block),) = target_config(target, **settings).items()
+    ((impl, config),) = block["resources_servers"].items()
+    if settings:  # the shared server of the plain target must not serve this variant
+        instance += "_" + hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    check_hosted(instance, config)
+    rows = example_rows(config, num_tasks)
+    process = acquire_server(ServerSpec(instance, "resources_servers", impl, config), while_starting=while_starting)
+    return ServerHandle(process.url, instance, rows, instance)

@@ -30,27 +30,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gymnasium.spaces import Tuple
 from gymnasium.utils import seeding
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 
-from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
-from nemo_gym_env.envs.protocols import open_episode, server_traits
+from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
+from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError, ServerError
 
-__all__ = ["NemoGymVectorEnv", "batch_step", "env_seeds", "reset_options"]
+__all__ = ["NemoGymVectorEnv"]
 
 Turn = list[dict[str, Any]] | None
 """A sub-env's checked action for one step: its normalised items, or None for an ended sub-env."""
 
 
-class NemoGymVectorEnv(VectorEnv):
+class NemoGymVectorEnv(NemoGymVectorBase):
     """A native vector env over one resources server; arguments as :class:`~nemo_gym_env.envs.env.NemoGymEnv`.
 
     Args:
@@ -97,10 +96,6 @@ class NemoGymVectorEnv(VectorEnv):
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if max_steps < 1 or max_in_flight < 1:
             raise ValueError("max_steps and max_in_flight must be >= 1")
-        self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
-        self.render_mode = render_mode
-        self.num_envs = num_envs
         self.max_steps = max_steps
         shards = None
         if base_url is not None and not isinstance(base_url, str):
@@ -120,38 +115,12 @@ class NemoGymVectorEnv(VectorEnv):
         """One client per server; sub-env ``i`` uses ``clients[i % len(clients)]``."""
         self.client = self.clients[0]
         self.protocol = protocol
-        self.single_observation_space = JsonItems()
-        self.single_action_space = action_space_for(self.rows)
-        self.observation_space = Tuple([self.single_observation_space] * num_envs)
-        self.action_space = Tuple([self.single_action_space] * num_envs)
+        self._setup(num_envs, autoreset_mode, render_mode, JsonItems(), action_space_for(self.rows))
         self.episodes: list[Episode | None] = [None] * num_envs
         self._rngs = [seeding.np_random()[0] for _ in range(num_envs)]
         self._needs_reset = np.ones(num_envs, dtype=bool)
 
-    # ---- Gymnasium vector API ----------------------------------------------------------------
-
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """Reset sub-envs: all, or those in ``options["reset_mask"]``.
-
-        ``seed`` is an int (sub-env ``i`` gets ``seed + i``) or a list of per-env seeds;
-        ``options["task_indices"]`` picks each sub-env's task. A sub-env whose server cannot
-        seed a session gets ``infos["error"]`` and is reset again at its next step.
-        """
-        return background_loop().run(self._areset(seed, options))
-
-    def step(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every sub-env; ``None`` for sub-envs that are about to autoreset."""
-        return background_loop().run(self._astep(actions))
-
-    async def areset(self, *, seed: int | Sequence[int | None] | None = None,
-                     options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """Async :meth:`reset`."""
-        return await background_loop().run_async(self._areset(seed, options))
-
-    async def astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Async :meth:`step`."""
-        return await background_loop().run_async(self._astep(actions))
+    # ---- what the base asks for ------------------------------------------------------------
 
     def close_extras(self, **kwargs: Any) -> None:
         """Give back the shared embedded server."""
@@ -163,9 +132,16 @@ class NemoGymVectorEnv(VectorEnv):
         """Which sub-envs expect an action at the next :meth:`step` (the rest take ``None``)."""
         return ~self._needs_reset
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Per sub-env attribute of its episode, e.g. ``last_verify``, ``trajectory``, ``task``."""
-        return tuple(getattr(e, name, None) for e in self.episodes)
+    def sub_env_attr(self, name: str) -> list[Any]:
+        """``name`` of every sub-env's episode (``last_verify``, ``trajectory``, ``task``, ...)."""
+        return [getattr(e, name, None) for e in self.episodes]
+
+    async def _areset(self, seeds: list[int | None], mask: np.ndarray,
+                      task_indices: list[int | None] | None) -> dict[int, tuple[list, dict]]:
+        return await self.reset_some(seeds, mask, task_indices)
+
+    async def _astep(self, actions: list[Any]) -> list[SubEnvStep]:
+        return await self.play_turns(self.check_actions(actions))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -184,17 +160,7 @@ class NemoGymVectorEnv(VectorEnv):
         self._needs_reset[i] = False
         return obs, info
 
-    async def _areset(self, seed: Any, options: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
-        mask, task_indices = reset_options(options, self.num_envs)
-        started = await self.reset_some(env_seeds(seed, self.num_envs), mask, task_indices)
-        observations: list[list] = [[] for _ in range(self.num_envs)]
-        infos: dict[str, Any] = {}
-        for i, (obs, info) in started.items():
-            observations[i] = obs
-            infos = self._add_info(infos, info, i)
-        return tuple(observations), infos
-
-    async def _one_step(self, i: int, items: list[dict[str, Any]] | None) -> tuple[StepResult, dict | None]:
+    async def _one_step(self, i: int, items: list[dict[str, Any]] | None) -> SubEnvStep:
         if items is None:  # an ended sub-env
             if self.autoreset_mode == AutoresetMode.DISABLED:
                 return ([], 0.0, False, False, {}), None
@@ -208,9 +174,6 @@ class NemoGymVectorEnv(VectorEnv):
             return (new_obs, reward, terminated, truncated, new_info), final
         self._needs_reset[i] = terminated or truncated
         return result, None
-
-    async def _astep(self, actions: Sequence[Any]) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        return batch_step(self, await self.play_turns(self.check_actions(actions)))
 
     # ---- the shard API -----------------------------------------------------------------------
 
@@ -262,55 +225,11 @@ class NemoGymVectorEnv(VectorEnv):
                                          for i in chosen))
         return dict(zip(chosen, results))
 
-    async def play_turns(self, turns: list[Turn]) -> list[tuple[StepResult, dict | None]]:
+    async def play_turns(self, turns: list[Turn]) -> list[SubEnvStep]:
         """Play checked turns (:meth:`check_actions`) on every sub-env at once.
 
         Returns, per sub-env, its step result and, when it ended and autoreset in the same step
-        (``SAME_STEP``), its final observation and info; :func:`batch_step` batches them.
+        (``SAME_STEP``), its final observation and info; :meth:`batch` batches them.
         """
         return await asyncio.gather(*(self._one_step(i, t) for i, t in enumerate(turns)))
 
-
-def env_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
-    """Per sub-env seeds, the Gymnasium way: an int gives sub-env ``i`` ``seed + i``."""
-    if seed is None:
-        return [None] * num_envs
-    if isinstance(seed, (int, np.integer)):
-        return [int(seed) + i for i in range(num_envs)]
-    seeds = list(seed)
-    if len(seeds) != num_envs:
-        raise ValueError(f"{len(seeds)} seeds given for num_envs={num_envs}")
-    return seeds
-
-
-def reset_options(options: dict[str, Any] | None, num_envs: int) -> tuple[np.ndarray, list | None]:
-    """``(reset_mask, task_indices)`` from a vector reset's options; anything else is an error."""
-    options = dict(options or {})
-    mask = np.asarray(options.pop("reset_mask", np.ones(num_envs, dtype=bool)), dtype=bool)
-    if mask.shape != (num_envs,):
-        raise ValueError(f"reset_mask must have shape ({num_envs},), got {mask.shape}")
-    task_indices = options.pop("task_indices", None)
-    if task_indices is not None:
-        task_indices = list(task_indices)
-        if len(task_indices) != num_envs:
-            raise ValueError(f"task_indices must have {num_envs} entries, got {len(task_indices)}")
-    if options:
-        raise ValueError(f"unknown reset options {sorted(options)}; use 'task_indices' or 'reset_mask'")
-    return mask, task_indices
-
-
-def batch_step(env: VectorEnv, results: Sequence[tuple[StepResult, dict | None]],
-               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """Per sub-env ``(step result, final obs and info or None)`` -> Gymnasium's batched step."""
-    observations = []
-    rewards = np.zeros(len(results), dtype=np.float64)
-    terminations = np.zeros(len(results), dtype=bool)
-    truncations = np.zeros(len(results), dtype=bool)
-    infos: dict[str, Any] = {}
-    for i, ((obs, reward, terminated, truncated, info), final) in enumerate(results):
-        observations.append(obs)
-        rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
-        if final is not None:
-            infos = env._add_info(infos, final, i)
-        infos = env._add_info(infos, info, i)
-    return tuple(observations), rewards, terminations, truncations, infos

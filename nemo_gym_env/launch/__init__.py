@@ -5,10 +5,11 @@
 - :mod:`~nemo_gym_env.launch.launcher`: :class:`Launcher` runs each server as its own process
   on a socket it bound, restarts it, and stops it with its whole process group;
 - :mod:`~nemo_gym_env.launch.shared`: the process-wide servers behind ``gym.make``;
-- :mod:`~nemo_gym_env.launch.head`: the head server (where every server is, never a secret);
-- :mod:`~nemo_gym_env.launch.net`, :mod:`~nemo_gym_env.launch.logs`,
-  :mod:`~nemo_gym_env.launch.child_env`, :mod:`~nemo_gym_env.launch.redaction`: sockets, log
-  streaming, what a launcher hands its children, and keeping secrets out of everything.
+- :mod:`~nemo_gym_env.launch.head_server`: the head server (where every server is, never a secret);
+- :mod:`~nemo_gym_env.launch.logs`: log folders and log streaming.
+
+Sockets, process groups, what a launcher hands its children and keeping secrets out of
+everything are :mod:`nemo_gym_env.system`'s: both sides of the wire use them.
 
 Example:
     >>> from nemo_gym_env.launch import Launcher, bundled_spec
@@ -31,18 +32,13 @@ if TYPE_CHECKING:
         bundled_servers,
         bundled_spec,
     )
-    from nemo_gym_env.launch.child_env import SERVER_ENV, SESSION_SECRET_ENV
     from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs, to_yaml
     from nemo_gym_env.launch.entrypoint import resolve_entrypoint
-    from nemo_gym_env.launch.head import HeadServer, public_config
+    from nemo_gym_env.launch.head_server import HeadServer, public_config
     from nemo_gym_env.launch.launcher import Launcher, ServerProcess
-    from nemo_gym_env.launch.net import http_url, is_loopback, listen_socket
-    from nemo_gym_env.launch.redaction import redact
     from nemo_gym_env.launch.shared import acquire_server, release_server, shared_servers
 
 __all__ = [
-    "SERVER_ENV",
-    "SESSION_SECRET_ENV",
     "ConfigError",
     "HeadServer",
     "LaunchError",
@@ -56,12 +52,8 @@ __all__ = [
     "bundled_dataset",
     "bundled_servers",
     "bundled_spec",
-    "http_url",
-    "is_loopback",
-    "listen_socket",
     "load_config",
     "public_config",
-    "redact",
     "release_server",
     "resolve_entrypoint",
     "server_specs",
@@ -73,11 +65,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("ConfigError", "LaunchError", "ServerCrashed", "UnknownServerError"), "nemo_gym_env.errors"),
     **dict.fromkeys(("bundled_config_path", "bundled_dataset", "bundled_servers", "bundled_spec"),
                     "nemo_gym_env.launch.catalog"),
-    **dict.fromkeys(("SERVER_ENV", "SESSION_SECRET_ENV"), "nemo_gym_env.launch.child_env"),
     **dict.fromkeys(("ServerSpec", "load_config", "server_specs", "to_yaml"), "nemo_gym_env.launch.config"),
-    **dict.fromkeys(("HeadServer", "public_config"), "nemo_gym_env.launch.head"),
+    **dict.fromkeys(("HeadServer", "public_config"), "nemo_gym_env.launch.head_server"),
     **dict.fromkeys(("Launcher", "ServerProcess", "resolve_entrypoint"), "nemo_gym_env.launch.launcher"),
-    **dict.fromkeys(("http_url", "is_loopback", "listen_socket"), "nemo_gym_env.launch.net"),
-    "redact": "nemo_gym_env.launch.redaction",
     **dict.fromkeys(("acquire_server", "release_server", "shared_servers"), "nemo_gym_env.launch.shared"),
 })

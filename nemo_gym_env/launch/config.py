@@ -31,7 +31,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_gym_env.errors import ConfigError
-from nemo_gym_env.launch.redaction import (
+from nemo_gym_env.protocol.keys import SERVER_TYPES
+from nemo_gym_env.system.redaction import (
     MISSING,
     REDACTED,
     SECRET_KEY_PATTERN,
@@ -58,8 +59,6 @@ __all__ = [
     "to_yaml",
 ]
 
-SERVER_TYPES: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
-"""The server-type keys that may appear directly under an instance name."""
 
 CONFIG_PATHS_KEY = "config_paths"
 """Top-level key (in YAML files, env.yaml or on the command line) listing config files to merge."""

@@ -12,7 +12,11 @@ from nemo_gym_env.errors import LaunchError
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["child_pythonpath", "resolve_entrypoint"]
+__all__ = ["BRIDGE_APPS", "child_pythonpath", "resolve_entrypoint"]
+
+BRIDGE_APPS = {"gymnasium_env": "gymnasium_app.py", "textarena_game": "textarena_app.py"}
+"""Implementations served by ``nemo_gym_env.bridge``'s apps (``bridge/apps/``) when the config's folder has
+no app of its own: a hosted env's config block names only its env."""
 
 
 def resolve_entrypoint(spec: ServerSpec) -> Path:
@@ -20,7 +24,9 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
 
     A relative entrypoint is looked up in the server folder (the YAML's folder, or its parent
     when the YAML lives in ``configs/``), then in NeMo Gym's layout
-    ``<gym root>/resources_servers/<impl_name>/`` next to the YAML and in the current directory.
+    ``<gym root>/resources_servers/<impl_name>/`` next to the YAML and in the current directory;
+    the implementations ``gymnasium_env`` and ``textarena_game`` then fall back to the bridge's
+    apps (a hosted env's config block needs no app file).
 
     Raises:
         LaunchError: If no candidate exists; the message lists every path tried.
@@ -39,6 +45,9 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
     for candidate in dict.fromkeys(candidates):
         if candidate.is_file():
             return candidate.resolve()
+    hosted = BRIDGE_APPS.get(spec.impl_name)
+    if hosted is not None and not entry.is_absolute():  # a hosted env's block: the bridge's app serves it
+        return (Path(__file__).resolve().parents[1] / "bridge" / "apps" / hosted).resolve()
     tried = "\n  ".join(str(c) for c in dict.fromkeys(candidates))
     raise LaunchError(
         f"entrypoint {str(entry)!r} of server {spec.instance_name!r} not found; tried:\n  {tried}\n"

@@ -28,7 +28,7 @@ How it works, and why:
   Without it, the parent closes its copy once the server is ready, so a dead server refuses
   connections at once instead of leaving clients hanging.
 - **Secrets.** Every launch gets a fresh session-signing secret through the environment
-  variable :data:`~nemo_gym_env.launch.child_env.SESSION_SECRET_ENV`; it is never logged.
+  variable :data:`~nemo_gym_env.system.child_env.SESSION_SECRET_ENV`; it is never logged.
 
 ``num_workers > 1`` runs uvicorn's multi-process supervisor on the same socket; each worker
 rebuilds the app from the entrypoint file. Session state lives in each worker's memory, so a
@@ -61,16 +61,17 @@ from typing import TYPE_CHECKING, Self
 # Nothing heavy here: ``gym.make`` spawns the embedded server through this module before it
 # imports the env's own modules.
 from nemo_gym_env.errors import LaunchError, ServerCrashed
-from nemo_gym_env.launch.child_env import SERVER_ENV, SESSION_SECRET_ENV
 from nemo_gym_env.launch.entrypoint import child_pythonpath, resolve_entrypoint
 from nemo_gym_env.launch.logs import LogStreamer, temporary_log_dir
-from nemo_gym_env.launch.net import DEFAULT_HOST, answers_ok, http_url, is_loopback, listen_socket
-from nemo_gym_env.launch.redaction import redact_text
+from nemo_gym_env.system.child_env import SERVER_ENV, SESSION_SECRET_ENV
+from nemo_gym_env.system.net import DEFAULT_HOST, answers_ok, http_url, is_loopback, listen_socket
+from nemo_gym_env.system.processes import killpg
+from nemo_gym_env.system.redaction import redact_text
 
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["Launcher", "ServerProcess", "killpg"]
+__all__ = ["Launcher", "ServerProcess"]
 
 logger = logging.getLogger("nemo_gym_env.launch")
 
@@ -183,14 +184,6 @@ def _append_log(proc: ServerProcess, line: str) -> None:
         with open(proc.log_path, "a", encoding="utf-8") as f:
             f.write(f"[nemo_gym_env.launch] {line}\n")
     except OSError:
-        pass
-
-
-def killpg(pid: int, sig: int) -> None:
-    """Send ``sig`` to the process group ``pid`` leads; a group that is gone already is fine."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
         pass
 
 

@@ -55,7 +55,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, PolicyError, TransportError
-from nemo_gym_env.launch.redaction import REDACTED, redact_text
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 from nemo_gym_env.policies.chat import (
     ReasoningFormat,
@@ -65,6 +64,7 @@ from nemo_gym_env.policies.chat import (
 )
 from nemo_gym_env.policies.retries import retry_delay, should_retry
 from nemo_gym_env.protocol.items import plain, without_token_fields
+from nemo_gym_env.system.redaction import REDACTED, redact_text
 
 try:  # a faster JSON codec when installed; the standard library otherwise
     import orjson

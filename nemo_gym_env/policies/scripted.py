@@ -11,12 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
+from nemo_gym_env.protocol.scripting import play_turn
 
 __all__ = ["ScriptedPolicy", "scripted_player"]
 
 
 def scripted_player(server: str) -> Callable[..., list[dict[str, Any]]]:
-    """The bundled server's ``scripted_action(row, history, correct=...)`` function."""
+    """The bundled server's ``scripted_action(row, history, correct=...)`` function.
+
+    A player with an ``observations`` parameter also gets the text of every user message so far
+    (a hosted env's observations), the latest last.
+    """
     try:
         module = importlib.import_module(f"nemo_gym_env.servers.{server}.scripted")
     except ModuleNotFoundError as exc:
@@ -40,6 +45,6 @@ class ScriptedPolicy(Policy):
         self.name = f"scripted:{server}" + ("" if correct else ":wrong")
 
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
-        """The scripted next turn; reads only the row and the tool outputs seen so far."""
-        outputs = [item for item in request.history if item.get("type") == "function_call_output"]
-        return PolicyTurn(items=self._play(request.row, outputs, correct=self.correct))
+        """The scripted next turn; reads only the row and what the episode showed so far."""
+        return PolicyTurn(items=play_turn(self._play, request.row, request.input, request.history,
+                                          correct=self.correct))

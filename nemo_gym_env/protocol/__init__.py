@@ -7,7 +7,9 @@
 - :mod:`~nemo_gym_env.protocol.parser`: raw model text <-> items (``<think>``, ``<tool_call>``);
 - :mod:`~nemo_gym_env.protocol.dataset`: task rows (NeMo Gym's JSONL) read and checked;
 - :mod:`~nemo_gym_env.protocol.metrics`: aggregate metrics of verify replies (``pass@k``...);
-- :mod:`~nemo_gym_env.protocol.keys`: the bookkeeping keys of rollout rows and the token fields.
+- :mod:`~nemo_gym_env.protocol.keys`: the bookkeeping keys of rollout rows and the token fields;
+- :mod:`~nemo_gym_env.protocol.scripting`: items built by hand, as scripted players and the
+  play page build a model turn.
 """
 
 from __future__ import annotations

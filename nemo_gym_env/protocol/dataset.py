@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from nemo_gym_env.errors import DatasetError
 from nemo_gym_env.protocol.types import BaseRunRequest
 
-__all__ = ["DatasetError", "RowProblem", "iter_rows", "load_rows", "check_row", "input_items"]
+__all__ = ["DatasetError", "RowProblem", "iter_rows", "load_rows", "check_row", "input_items", "write_rows"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,15 @@ def input_items(row: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value, "type": "message"}]
     return [dict(item) for item in value]
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out: str | Path | None = None) -> None:
+    """Rows as JSONL, one per line: to the file ``out`` (its folder made), or to standard output."""
+    import sys
+
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)

@@ -9,7 +9,7 @@ a row routed to one of several servers names it in :data:`AGENT_REF_KEY`; a fail
 from __future__ import annotations
 
 __all__ = ["AGENT_REF_KEY", "FAILURE_CLASS_KEY", "ROLLOUT_INDEX_KEY", "STEP_REWARDS_KEY", "STEP_REWARD_HEADER",
-           "STEP_REWARD_SUM_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS", "VERIFY_REWARD_KEY"]
+           "SERVER_TYPES", "STEP_REWARD_SUM_KEY", "TASK_INDEX_KEY", "TASK_KEY_KEY", "TOKEN_FIELDS", "VERIFY_REWARD_KEY"]
 
 TASK_INDEX_KEY = "_ng_task_index"
 """The task's index in its dataset."""
@@ -51,3 +51,6 @@ STEP_REWARD_SUM_KEY = "step_reward_sum"
 VERIFY_REWARD_KEY = "verify_reward"
 """The ``/verify`` reward of a row whose ``reward`` was made the sum of it and the step rewards
 (``episode_reward="sum"``)."""
+
+SERVER_TYPES: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
+"""The server-type keys of a NeMo Gym config, directly under an instance name."""

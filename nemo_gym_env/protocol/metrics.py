@@ -54,7 +54,7 @@ def _reward(row: Mapping[str, Any]) -> float:
     return numeric_fields({"reward": row.get("reward")}).get("reward", 0.0)
 
 
-def _task_key(value: Any) -> Any:
+def _hashable_index(value: Any) -> Any:
     """A task index usable as a dict key (an unhashable one, e.g. a list, by its text)."""
     try:
         hash(value)
@@ -110,7 +110,7 @@ def aggregate_metrics(verify_responses: Iterable[Mapping[str, Any]], *,
 
     groups: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[_task_key(row.get(group_key, 0))].append(row)
+        groups[_hashable_index(row.get(group_key, 0))].append(row)
     agent["num_tasks"] = len(groups)
     per_task = []
     for task_index in sorted(groups, key=lambda t: (str(type(t)), t)):

@@ -4,7 +4,7 @@
   explicit address, ``RAY_ADDRESS``, or ``ray.init()``'s defaults.
 - :class:`RayLauncher` starts resources servers on cluster nodes (one Ray actor per server,
   running the server as a process on that node's address) with :class:`~nemo_gym_env.launch.launcher.Launcher`'s
-  surface, so :class:`~nemo_gym_env.launch.head.HeadServer` reports them like local ones.
+  surface, so :class:`~nemo_gym_env.launch.head_server.HeadServer` reports them like local ones.
 - :func:`ray_collect` shards rollouts over Ray workers, each with its own event loop, and
   streams the rows back in (task, rollout) order; the unfinished episodes of a worker that
   dies run again on another, and no row is yielded twice.

@@ -6,7 +6,7 @@ server as a uvicorn process on the node's address exactly as a local launch does
 (``serving.serve_server`` -> the class's ``from_config`` + ``build_app``; signed sessions, a
 fresh secret per server, readiness, restarts, a log file) and reports its URL back::
 
-    from nemo_gym_env.catalog import bundled_spec
+    from nemo_gym_env.launch.catalog import bundled_spec
     from nemo_gym_env.ray_cluster import RayLauncher
 
     with RayLauncher(address="10.0.0.1:6379") as launcher:

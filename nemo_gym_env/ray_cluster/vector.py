@@ -34,20 +34,21 @@ once with ``SAME_STEP``, at the next ``reset`` with ``DISABLED``). The other sha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Tuple
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.envs.vector import NemoGymVectorEnv, batch_step, env_seeds, reset_options
+from nemo_gym_env.envs.registration import server_name
+from nemo_gym_env.envs.vector import NemoGymVectorEnv
+from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError
 from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
@@ -60,8 +61,6 @@ from nemo_gym_env.ray_cluster.connection import (
 )
 
 __all__ = ["RayVectorEnv"]
-
-StepOut = tuple[tuple, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
 class _ShardWorker:
@@ -87,7 +86,8 @@ class _ShardWorker:
         for k, url in enumerate(urls[:len(clients)]):
             old = clients[k]
             if old.base_url != url.rstrip("/"):
-                clients[k] = ResourcesClient(url, timeout_s=old.timeout_s, verify_timeout_s=old.verify_timeout_s)
+                clients[k] = ResourcesClient(url, timeout_s=old.timeout_s, verify_timeout_s=old.verify_timeout_s,
+                                             connect_retries=old.connect_retries, max_in_flight=old.http.max_in_flight)
         self.env.client = clients[0]
 
     def spaces(self) -> tuple[Any, Any]:
@@ -108,6 +108,9 @@ class _ShardWorker:
             self._turns = None
             return type(exc).__name__, str(exc)
         return None
+
+    def get_attr(self, name: str) -> list[Any]:
+        return self.env.sub_env_attr(name)
 
     def play(self) -> Any:
         if self._turns is None:
@@ -137,7 +140,7 @@ class _Shard:
         return self.stop - self.start
 
 
-class RayVectorEnv(VectorEnv):
+class RayVectorEnv(NemoGymVectorBase):
     """A vector env over resources servers whose sub-envs are spread over Ray workers.
 
     Args:
@@ -175,10 +178,11 @@ class RayVectorEnv(VectorEnv):
         if num_workers < 1 or num_envs < num_workers:
             raise ValueError(f"need 1 <= num_workers <= num_envs, got num_workers={num_workers}, num_envs={num_envs}")
         if server is not None and "/" in server:
-            server = _server_of_id(server)
+            named = server_name(server)
+            if named is None:
+                raise ValueError(f"{server} names no bundled server; pass base_url (and dataset) instead")
+            server = named
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
-        self.render_mode = None
         self.num_envs = num_envs
         self.call_timeout_s = call_timeout_s
         self._ray = import_ray()
@@ -211,21 +215,26 @@ class RayVectorEnv(VectorEnv):
         except BaseException:
             self.close()
             raise
-        single_obs, single_action = spaces[0]
-        self.single_observation_space = single_obs
-        self.single_action_space = single_action
-        self.observation_space = Tuple([single_obs] * num_envs)
-        self.action_space = Tuple([single_action] * num_envs)
+        self._setup(num_envs, self.autoreset_mode, None, *spaces[0])
 
-    # ---- Gymnasium vector API ----------------------------------------------------------------
+    # ---- what the base asks for ------------------------------------------------------------
+    # The workers are called with blocking ray.get: off the background loop, in a thread.
 
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        """As :meth:`NemoGymVectorEnv.reset <nemo_gym_env.envs.vector.NemoGymVectorEnv.reset>`:
-        ``seed`` an int (sub-env ``i`` gets ``seed + i``) or a list; ``options["task_indices"]``,
-        ``options["reset_mask"]``."""
-        mask, task_indices = reset_options(options, self.num_envs)
-        seeds = env_seeds(seed, self.num_envs)
+    async def _areset(self, seeds: list[int | None], mask: np.ndarray,
+                      task_indices: list[int | None] | None) -> dict[int, tuple[list, dict]]:
+        return await asyncio.to_thread(self._reset, seeds, mask, task_indices)
+
+    async def _astep(self, actions: list[Any]) -> list[SubEnvStep]:
+        return await asyncio.to_thread(self._step, actions)
+
+    def sub_env_attr(self, name: str) -> list[Any]:
+        """``name`` of every sub-env's episode, fetched from the workers (``None`` for a lost worker's)."""
+        values = self._fan_out({s.index: ("get_attr", (name,)) for s in self.shards})
+        return [item for s in self.shards
+                for item in (values[s.index] if isinstance(values[s.index], list) else [None] * s.size)]
+
+    def _reset(self, seeds: list[int | None], mask: np.ndarray,
+               task_indices: list[int | None] | None) -> dict[int, tuple[list, dict]]:
         calls = {}
         for shard in self.shards:
             part = slice(shard.start, shard.stop)
@@ -235,26 +244,20 @@ class RayVectorEnv(VectorEnv):
                 shard.replay = None
             calls[shard.index] = (seeds[part], mask[part].tolist(), tasks)
         results = self._fan_out({k: ("reset", args) for k, args in calls.items()})
-        observations: list[list] = [[] for _ in range(self.num_envs)]
-        infos: dict[str, Any] = {}
+        started: dict[int, tuple[list, dict]] = {}
         for shard in self.shards:
             outcome = results[shard.index]
             if isinstance(outcome, str):  # lost during reset: its sub-envs report it and start at their next step
                 shard.replay = shard.tasks
                 for j in range(shard.size):
                     if mask[shard.start + j]:
-                        infos = self._add_info(infos, {"task_index": -1, "error": outcome}, shard.start + j)
+                        started[shard.start + j] = ([], {"task_index": -1, "error": outcome})
                 continue
             for j, (obs, info) in outcome.items():
-                observations[shard.start + j] = obs
-                infos = self._add_info(infos, info, shard.start + j)
-        return tuple(observations), infos
+                started[shard.start + j] = (obs, info)
+        return started
 
-    def step(self, actions: Sequence[Any]) -> StepOut:
-        """Step every sub-env; ``None`` for sub-envs that are about to autoreset (or have ended)."""
-        actions = list(actions)
-        if len(actions) != self.num_envs:
-            raise ValueError(f"{len(actions)} actions given for num_envs={self.num_envs}")
+    def _step(self, actions: list[Any]) -> list[SubEnvStep]:
         replays = [s for s in self.shards if s.replay is not None]
         playing = [s for s in self.shards if s.replay is None]
         # Phase 1: every worker checks its actions; one bad action anywhere and nothing is played.
@@ -294,7 +297,7 @@ class RayVectorEnv(VectorEnv):
                 rows[shard.start:shard.stop] = self._lost_rows(shard, outcome)
             else:
                 rows[shard.start:shard.stop] = outcome
-        return batch_step(self, rows)
+        return rows
 
     @property
     def live_mask(self) -> np.ndarray:
@@ -394,7 +397,7 @@ class RayVectorEnv(VectorEnv):
                                  "its action" + (", until reset with options={'reset_mask': ...}"
                                                  if self.autoreset_mode == AutoresetMode.DISABLED else ""))
 
-    def _lost_rows(self, shard: _Shard, reason: str) -> list[tuple[tuple, dict | None]]:
+    def _lost_rows(self, shard: _Shard, reason: str) -> list[SubEnvStep]:
         """The step of a shard whose worker died: truncated with the reason; replayed per the mode."""
         info = {"error": reason}
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
@@ -406,10 +409,3 @@ class RayVectorEnv(VectorEnv):
                         for j in range(shard.size)]
         return [(([], 0.0, False, True, dict(info)), None) for _ in range(shard.size)]
 
-
-def _server_of_id(env_id: str) -> str:
-    spec = gym.spec(env_id)
-    server = spec.kwargs.get("server")
-    if server is None:
-        raise ValueError(f"{env_id} names no bundled server; pass base_url (and dataset) instead")
-    return server

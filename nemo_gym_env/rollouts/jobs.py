@@ -20,7 +20,7 @@ from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.protocols import open_episode, server_traits
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.errors import ActionError, ConnectFailed, ServerError, VerifyFailed
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (

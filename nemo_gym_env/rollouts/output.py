@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from nemo_gym_env.errors import RolloutFileError
-from nemo_gym_env.launch.redaction import REDACTED, redact
 from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import RowKey, legacy_key, row_identity
+from nemo_gym_env.system.redaction import REDACTED, redact
 
 __all__ = [
     "RolloutFileError",

@@ -15,17 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.bridge.datasets import example_rows
+from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers
+from nemo_gym_env.launch.catalog import bundled_config_path, bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
-from nemo_gym_env.launch.redaction import redact
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import server_of, task_keys
 from nemo_gym_env.rollouts.manifest import RunManifest, file_digest
 from nemo_gym_env.rollouts.settings import RolloutSettings
+from nemo_gym_env.system.redaction import redact
 
 __all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "Task", "load_run_config", "plan_rollouts", "route_row"]
 
@@ -111,8 +113,20 @@ class RolloutPlan:
 
 
 def load_run_config(names: Iterable[str], overrides: Iterable[str], env_yaml: str | None) -> Any:
-    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``)."""
-    return load_config([bundled_config_path(n) for n in names], list(overrides), env_yaml=env_yaml)
+    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``).
+
+    A name may also be a hosted env, ``gymnasium:ENV_ID`` or ``textarena:GAME``
+    (:mod:`~nemo_gym_env.bridge.targets`): its server is built here once, so a wrong id fails now, in one line.
+    """
+    names = list(names)
+    hosted = [n for n in names if is_target(n)]
+    base = {key: value for n in hosted for key, value in target_config(n).items()}
+    cfg = load_config([bundled_config_path(n) for n in names if n not in hosted], list(overrides),
+                      env_yaml=env_yaml, base=base or None)
+    for spec in server_specs(cfg):
+        if is_hosted(spec):
+            check_hosted(spec.instance_name, spec.config)
+    return cfg
 
 
 def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[str, str] | None = None) -> str:
@@ -149,6 +163,11 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None)
     settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
     if not targets:  # nothing named, nothing configured: every bundled server
         names = sorted(bundled_servers())
+        missing = {n: need for n in names if (need := _missing_requirement(n))}
+        if missing:  # a server whose extra is not installed (textarena_*) cannot start: leave it out, say so
+            say("skipping " + ", ".join(f"{n} (needs {need}: pip install 'nemo-gym-env[{need}]')"
+                                        for n, need in missing.items()))
+            names = [n for n in names if n not in missing]
         if kind == "scripted":
             unplayable = [n for n in names if not _has_scripted_player(n)]
             if unplayable:
@@ -247,15 +266,25 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
             position += 1
         return problems
     for target in targets.values():
-        if target.bundled is None:
+        if target.bundled is None and target.spec is not None and is_hosted(target.spec):
+            made = example_rows(target.spec.config)  # a hosted env's rows: one per seed
+            rows = list(enumerate(made[:settings.limit] if settings.limit is not None else made, 1))
+        elif target.bundled is None:
             raise UsageError(f"server {target.name!r} has no bundled example data; pass --input tasks.jsonl")
-        rows = read(bundled_dataset(target.bundled))
+        else:
+            rows = read(bundled_dataset(target.bundled))
         for position, ((_, row), key) in enumerate(zip(rows, task_keys(row for _, row in rows))):
             add(target, position, key, row)
     return problems
 
 
 # ---- policies ----------------------------------------------------------------------------------
+
+
+def _missing_requirement(server: str) -> str | None:
+    """The module a bundled server's config says it ``requires``, when it does not import here."""
+    need = bundled_spec(server).config.get("requires")
+    return str(need) if need and importlib.util.find_spec(str(need)) is None else None
 
 
 def _has_scripted_player(server: str) -> bool:

@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from nemo_gym_env.errors import UsageError
+from nemo_gym_env.errors import Stopped, UsageError
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.launch.signals import Stopped
 from nemo_gym_env.policies.base import Policy
 from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
 from nemo_gym_env.rollouts.manifest import differences, read_manifest, write_manifest
@@ -115,10 +114,8 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
                 raise
         finally:
             progress.close()
-    except KeyboardInterrupt:
-        stopped.append(signal.SIGINT)
-    except Stopped:
-        stopped.append(signal.SIGTERM)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Stopped
+        stopped.append(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
     finally:
         if launcher is not None:
             launcher.close()

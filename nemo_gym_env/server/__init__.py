@@ -14,8 +14,9 @@ which exports every name they did (see ``docs/porting.md``)::
 - :mod:`~nemo_gym_env.server.sessions`: the bounded per-session state store;
 - :mod:`~nemo_gym_env.server.serving`: the server process's side of the launcher;
 - :mod:`~nemo_gym_env.server.workers`: process-pool and Ray runners for CPU-heavy verification;
-- :mod:`~nemo_gym_env.server.scripting`, :mod:`~nemo_gym_env.server.testing`,
-  :mod:`~nemo_gym_env.server.scaffold`: scripted players, test helpers, and ``nemo-gym-env init``.
+- :mod:`~nemo_gym_env.server.testing`, :mod:`~nemo_gym_env.server.scaffold`: test helpers
+  and ``nemo-gym-env init`` (a scripted player builds its items with
+  :mod:`nemo_gym_env.protocol.scripting`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
     from nemo_gym_env.errors import SessionLostError
-    from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
     from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
     from nemo_gym_env.protocol.types import (
         RESERVED_ROUTES,
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from nemo_gym_env.server.base import BaseResourcesServerConfig, SimpleResourcesServer, set_step_reward
     from nemo_gym_env.server.middleware import SESSION_ID_KEY
     from nemo_gym_env.server.sessions import SessionStore
+    from nemo_gym_env.system.child_env import SESSION_SECRET_ENV
 
 __all__ = [
     "RESERVED_ROUTES",
@@ -63,7 +64,7 @@ __all__ = [
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "SessionLostError": "nemo_gym_env.errors",
-    "SESSION_SECRET_ENV": "nemo_gym_env.launch.child_env",
+    "SESSION_SECRET_ENV": "nemo_gym_env.system.child_env",
     **dict.fromkeys(("RESERVED_ROUTES", "AggregateMetrics", "AggregateMetricsRequest", "BaseRunRequest",
                      "BaseSeedSessionRequest", "BaseSeedSessionResponse", "BaseVerifyRequest", "BaseVerifyResponse"),
                     "nemo_gym_env.protocol.types"),

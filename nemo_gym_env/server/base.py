@@ -42,7 +42,6 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
-from nemo_gym_env.launch.child_env import SESSION_SECRET_ENV
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 from nemo_gym_env.protocol.metrics import aggregate_metrics
 from nemo_gym_env.protocol.types import (
@@ -66,6 +65,7 @@ from nemo_gym_env.server.middleware import (
 )
 from nemo_gym_env.server.serving import serve_server
 from nemo_gym_env.server.sessions import SessionStore
+from nemo_gym_env.system.child_env import SESSION_SECRET_ENV
 
 __all__ = ["LIVENESS_ROUTES", "STEP_REWARD_HEADER", "BaseResourcesServerConfig", "CloseSessionRequest",
            "SimpleResourcesServer", "set_step_reward"]
@@ -220,7 +220,7 @@ class SimpleResourcesServer(BaseModel):
         app.post("/seed_session")(self.seed_session)
         # Marked so that clients know: the session's state is freed here, /close_session is not needed.
         app.post("/verify", openapi_extra={RELEASES_SESSION: True})(guard_verify(self.verify))
-        # ...and say it to a GET, which is how an env asks before its first episode (envs/protocols.py).
+        # ...and say it to a GET, which is how an env asks before its first episode (envs/traits.py).
         app.get("/verify", include_in_schema=False)(_verify_is_post_only)
         app.post("/aggregate_metrics")(self.aggregate_metrics)
         app.post("/close_session")(self._close_session_route)

@@ -24,6 +24,7 @@ import logging
 import math
 import traceback
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -236,15 +237,29 @@ class TypedSeedMiddleware:
     body as a row), then the server's own ``seed_session`` gets ``task_data`` as the row it
     always gets, and a successful reply becomes ``{resources_session_id, resources_tools: null,
     sandbox_access: null}``, its cookie kept. A row body passes untouched.
+
+    NeMo Gym 0.7's session contract for typed ids is kept (a bounded ledger of the last
+    ``max_ids`` ids): the same seed again is answered as the first; a seed of an open id for
+    another episode or task, and any seed of an id that ``/close_session`` closed (seeded or
+    not), get ``409``.
     """
 
     TYPED_KEYS = frozenset({"resources_session_id", "episode_id", "task_id", "task_data"})
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, max_ids: int = 100_000):
         self.app = app
+        self.max_ids = max_ids
+        self.ledger: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # id -> (episode and task, closed)
+
+    def _note(self, session_id: str, key: str, closed: bool) -> None:
+        self.ledger[session_id] = (key, closed)
+        self.ledger.move_to_end(session_id)
+        while len(self.ledger) > self.max_ids:
+            self.ledger.popitem(last=False)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") != "/seed_session" or scope.get("method") != "POST":
+        path = scope.get("path")
+        if scope["type"] != "http" or path not in ("/seed_session", "/close_session") or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
         chunks = []
@@ -256,6 +271,12 @@ class TypedSeedMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if path == "/close_session":
+            closing = _json_object(body).get("resources_session_id")
+            if isinstance(closing, str) and closing:
+                self._note(closing, self.ledger.get(closing, ("", False))[0], True)
+            await self.app(scope, _replay(body, receive), send)
+            return
         typed = _typed_seed(body)
         if typed is None:
             await self.app(scope, _replay(body, receive), send)
@@ -263,6 +284,13 @@ class TypedSeedMiddleware:
         problem, session_id, row = typed
         if problem is not None:
             await _send_json(send, 422, {"error": f"POST /seed_session: invalid typed seed body: {problem}"})
+            return
+        data = _json_object(body)
+        key = json.dumps([data.get("episode_id"), data.get("task_id")], sort_keys=True)
+        known = self.ledger.get(session_id)
+        if known is not None and (known[1] or known[0] != key):
+            why = "is closed" if known[1] else "is already seeded for another episode or task"
+            await _send_json(send, 409, {"error": f"POST /seed_session: resources session {session_id!r} {why}"})
             return
         row_bytes = json.dumps(row).encode()
         scope = {**scope, "headers": [(k, str(len(row_bytes)).encode() if k == b"content-length" else v)
@@ -278,6 +306,8 @@ class TypedSeedMiddleware:
                 if message.get("more_body", False):
                     return  # seed replies are small: the whole body is rebuilt below
                 status = start["status"]
+                if 200 <= status < 300:
+                    self._note(session_id, key, False)
                 reply = (json.dumps({"resources_session_id": session_id, "resources_tools": None,
                                      "sandbox_access": None}).encode() if 200 <= status < 300
                          else message.get("body", b""))
@@ -315,6 +345,14 @@ def _typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
     if not isinstance(data["task_data"], dict):
         return "task_data: a JSON object (the task's row) is required", "", {}
     return None, session_id, data["task_data"]
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _replay(body: bytes, receive: Any) -> Any:

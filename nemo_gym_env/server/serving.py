@@ -1,7 +1,7 @@
 """The child side of the launcher: serve one resources server on the socket the launcher passed.
 
 :func:`serve_server` runs in the server process (``python app.py`` -> ``run_webserver()``).
-Under a launcher it reads :data:`~nemo_gym_env.launch.child_env.SERVER_ENV`, serves on the
+Under a launcher it reads :data:`~nemo_gym_env.system.child_env.SERVER_ENV`, serves on the
 inherited listening socket, and watches a pipe whose EOF means the launcher is gone. With
 ``num_workers > 1``, uvicorn's supervisor spawns workers that rebuild the app through
 :func:`worker_app` (sessions are then per worker: stateful servers need ``num_workers: 1``).
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.errors import LaunchError
-from nemo_gym_env.launch.child_env import SERVER_ENV, SESSION_SECRET_ENV
-from nemo_gym_env.launch.launcher import killpg
-from nemo_gym_env.launch.net import DEFAULT_HOST, DEFAULT_PORT, http_url, is_loopback, listen_socket
+from nemo_gym_env.system.child_env import SERVER_ENV, SESSION_SECRET_ENV
+from nemo_gym_env.system.net import DEFAULT_HOST, DEFAULT_PORT, http_url, is_loopback, listen_socket
+from nemo_gym_env.system.processes import killpg
 
 __all__ = ["PARENT_GONE_GRACE_S", "serve_server", "worker_app"]
 
@@ -93,6 +93,12 @@ def serve_server(server_cls: type) -> None:
                                          "server_class": server_cls.__name__})
     os.environ.setdefault(SESSION_SECRET_ENV, secrets.token_urlsafe(32))
     del app
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:  # uvicorn >= 0.37
+        # uvicorn kills a worker that has not answered its health check within this many seconds,
+        # and a worker answers only once it has imported the server (spawned: every import anew).
+        # Its default of 5 s is shorter than that import on a loaded 2-core machine, where the
+        # supervisor would kill and respawn workers forever and the server never came up.
+        options["timeout_worker_healthcheck"] = int(config.get("worker_healthcheck_timeout_s") or 60)
     uv_config = uvicorn.Config(f"{__name__}:worker_app", factory=True, workers=workers, **options)
     from uvicorn.supervisors import Multiprocess
 

@@ -28,7 +28,8 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
         1
     """
 
-    def __init__(self, max_sessions: int = 100_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_sessions: int = 100_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic,
+                 on_drop: Callable[[V], None] | None = None):
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         if ttl_s <= 0:
@@ -36,6 +37,7 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self._clock = clock
+        self._on_drop = on_drop  # called with the state of a session evicted by the cap or expired (not deleted)
         self._data: OrderedDict[str, tuple[float, V]] = OrderedDict()
         self.evicted = 0
         self.expired = 0
@@ -46,8 +48,9 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
             key, (touched, _) = next(iter(self._data.items()))
             if touched >= cutoff:
                 break
-            del self._data[key]
+            _, value = self._data.pop(key)
             self.expired += 1
+            self._dropped(value)
 
     def __getitem__(self, key: str) -> V:
         now = self._clock()
@@ -63,8 +66,13 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
         self._data[key] = (now, value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_sessions:
-            self._data.popitem(last=False)
+            _, (_, dropped) = self._data.popitem(last=False)
             self.evicted += 1
+            self._dropped(dropped)
+
+    def _dropped(self, value: V) -> None:
+        if self._on_drop is not None:
+            self._on_drop(value)
 
     def __delitem__(self, key: str) -> None:
         del self._data[key]

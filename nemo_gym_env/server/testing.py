@@ -21,7 +21,7 @@ player asks for with the session's cookie, and verify the episode::
   instance block of its ``configs/<name>.yaml``;
 - :func:`app_client`: a ``TestClient`` of a server class (or object) and its config;
 - :func:`assistant_message`, :func:`function_call`, :func:`reasoning`: the items a model turn
-  holds (from :mod:`~nemo_gym_env.server.scripting`);
+  holds (from :mod:`~nemo_gym_env.protocol.scripting`);
 - :func:`verify`: ``POST /verify`` with a row and the episode's items;
 - :func:`play`: one scripted episode against the tool routes, verified;
 - :func:`play_steps`: one scripted episode of a Gymnasium-protocol server (``/reset``, ``/step``);
@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 from fastapi.testclient import TestClient
 
+from nemo_gym_env.protocol.scripting import assistant_message, function_call, play_turn, reasoning
 from nemo_gym_env.protocol.types import make_response
-from nemo_gym_env.server.scripting import assistant_message, function_call, reasoning
 
 __all__ = [
     "ScriptedAction",
@@ -174,9 +174,11 @@ def play_steps(client: TestClient, row: dict[str, Any], scripted_action: Scripte
     params = row.get("responses_create_params")
     tools = params.get("tools") if isinstance(params, dict) else None
     history: list[dict[str, Any]] = []
+    first = reset.json().get("observation")
+    shown = [{"type": "message", "role": "user", "content": first}] if first else []
     rewards: list[float] = []
     for _ in range(max_turns):
-        items = scripted_action(row, history, correct=correct)
+        items = play_turn(scripted_action, row, shown, history, correct=correct)
         response = make_response(items, tools=tools).model_dump(mode="json")
         reply = client.post("/step", json={**row, "response": response})
         assert reply.status_code == 200, reply.text
@@ -199,11 +201,11 @@ def play_episode(env: Any, scripted_action: ScriptedAction, *, correct: bool = T
     so far) until the episode ends; returns the last ``(reward, terminated, truncated, info)``.
     Raises ``AssertionError`` when ``max_turns`` steps do not end it.
     """
-    env.reset(**reset_kwargs)
+    shown, _ = env.reset(**reset_kwargs)
     row = env.unwrapped.task
     history: list[Any] = []
     for _ in range(max_turns):
-        action = scripted_action(row, history, correct=correct)
+        action = play_turn(scripted_action, row, shown, history, correct=correct)
         observation, reward, terminated, truncated, info = env.step(action)
         history.extend(observation)
         if terminated or truncated:

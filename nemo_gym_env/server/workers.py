@@ -41,7 +41,7 @@ __all__ = [
     "ray_missing_message",
 ]
 
-logger = logging.getLogger("nemo_gym_env.workers")
+logger = logging.getLogger("nemo_gym_env.server.workers")
 
 
 def default_workers() -> int:

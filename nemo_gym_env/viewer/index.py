@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_env.errors import RowGoneError
 from nemo_gym_env.viewer.rows import RowStats, row_stats
 
-__all__ = ["DEFAULT_MAX_ROW_BYTES", "INT_COLUMNS", "JsonlIndex", "LineError", "RowGoneError", "parse_line"]
+__all__ = ["DEFAULT_MAX_ROW_BYTES", "INT_COLUMNS", "JsonlIndex", "LineError", "parse_line"]
 
 DEFAULT_MAX_ROW_BYTES = 16 * 1024 * 1024
 """Longest line the viewer parses; a longer one is listed as an error and skipped unread."""
@@ -51,10 +52,6 @@ INT_COLUMNS = ("task", "rollout", "turns", "tool_calls", "tokens")
 _MISSING_INT = -(2**63)  # an absent integer column value (task, rollout, turns, ...)
 _READ_BLOCK = 1024 * 1024
 _FINGERPRINT = 64  # bytes before the indexed end, compared on refresh to notice a rewritten file
-
-
-class RowGoneError(LookupError):
-    """A row's line is no longer where the index put it (the file was rewritten): refresh and retry."""
 
 
 @dataclass(frozen=True)

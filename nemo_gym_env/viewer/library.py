@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_env.errors import RowGoneError
 from nemo_gym_env.rollouts.output import failures_path
-from nemo_gym_env.viewer.index import DEFAULT_MAX_ROW_BYTES, JsonlIndex, RowGoneError
+from nemo_gym_env.viewer.index import DEFAULT_MAX_ROW_BYTES, JsonlIndex
 
 __all__ = ["COLUMNS", "OUTCOMES", "FileEntry", "Query", "RolloutLibrary", "RowRef"]
 

@@ -1,10 +1,10 @@
 """The play page's web app: a person plays one episode of an environment by hand.
 
-Each page session holds its own :class:`~nemo_gym_env.env.NemoGymEnv`, made by ``gym.make``
+Each page session holds its own :class:`~nemo_gym_env.envs.env.NemoGymEnv`, made by ``gym.make``
 exactly as a training script makes it, so the page shows what a policy gets: the task's
 input items, the tools of ``info["tools"]``, each call's ``function_call_output`` and, at the
 end, the reward and the ``/verify`` reply. A turn the person plays becomes Responses output
-items (:mod:`nemo_gym_env.scripting` builds them as the scripted players do).
+items (:mod:`nemo_gym_env.protocol.scripting` builds them as the scripted players do).
 
 Routes (JSON; errors are ``{"error": message}``):
 
@@ -40,9 +40,9 @@ from starlette.responses import JSONResponse
 from nemo_gym_env.errors import ActionError, PageRequestError, RolloutFileError
 from nemo_gym_env.protocol.dataset import input_items
 from nemo_gym_env.protocol.keys import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, TASK_KEY_KEY
+from nemo_gym_env.protocol.scripting import assistant_message, function_call
 from nemo_gym_env.rollouts.identity import server_of, task_keys
 from nemo_gym_env.rollouts.output import RolloutWriter
-from nemo_gym_env.server.scripting import assistant_message, function_call
 from nemo_gym_env.viewer.rows import Scrubber
 from nemo_gym_env.viewer.web import json_reply, page_app
 

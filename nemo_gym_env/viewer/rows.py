@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_env.launch.redaction import REDACTED, redact
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, TASK_KEY_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
+from nemo_gym_env.system.redaction import REDACTED, redact
 
 __all__ = ["MAX_DEPTH", "RowStats", "Scrubber", "count_tokens", "count_turns", "row_stats", "server_name"]
 
@@ -150,7 +150,7 @@ def row_stats(row: Mapping[str, Any]) -> RowStats:
 class Scrubber:
     """Makes any parsed JSON value safe to send to the page: secrets masked, numbers exact, depth bounded.
 
-    Every string (keys too) goes through :func:`~nemo_gym_env.config.redact` (``sk-...`` keys,
+    Every string (keys too) goes through :func:`~nemo_gym_env.launch.config.redact` (``sk-...`` keys,
     ``Bearer`` credentials, URL passwords) and loses every known secret value (those of
     ``env.yaml``). Non-finite floats, which JSON cannot carry, and integers a browser would
     round become text; containers nested deeper than :data:`MAX_DEPTH` become a note.

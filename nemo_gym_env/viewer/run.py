@@ -18,8 +18,8 @@ from typing import IO, Any
 import yaml
 
 from nemo_gym_env.errors import ConfigError, LaunchError
-from nemo_gym_env.launch.net import http_url, is_loopback, listen_socket
-from nemo_gym_env.launch.redaction import SECRET_KEY_PATTERN
+from nemo_gym_env.system.net import http_url, is_loopback, listen_socket
+from nemo_gym_env.system.redaction import SECRET_KEY_PATTERN
 from nemo_gym_env.viewer.index import DEFAULT_MAX_ROW_BYTES
 from nemo_gym_env.viewer.library import RolloutLibrary
 from nemo_gym_env.viewer.play_app import EnvSpec, PlaySessions, create_play_app

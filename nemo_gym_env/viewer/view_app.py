@@ -26,8 +26,7 @@ from fastapi import FastAPI
 from fastapi import Query as Param
 from starlette.responses import JSONResponse
 
-from nemo_gym_env.errors import PageRequestError
-from nemo_gym_env.viewer.index import RowGoneError
+from nemo_gym_env.errors import PageRequestError, RowGoneError
 from nemo_gym_env.viewer.library import COLUMNS, OUTCOMES, Query, RolloutLibrary, RowRef
 from nemo_gym_env.viewer.rows import Scrubber
 from nemo_gym_env.viewer.summary import file_summary

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from nemo_gym_env.errors import PageRequestError
-from nemo_gym_env.launch.net import is_loopback
+from nemo_gym_env.system.net import is_loopback
 from nemo_gym_env.viewer.rows import Scrubber
 
 __all__ = ["STATIC_FILES", "json_reply", "page_app", "protect", "serve_static"]

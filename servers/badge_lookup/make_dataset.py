@@ -28,9 +28,9 @@ import json
 import random
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from nemo_gym_env.protocol.dataset import write_rows
 from nemo_gym_env.protocol.parser import render_tool_call
 from nemo_gym_env.servers.badge_lookup.app import TOOL_NAME, badge_number
 
@@ -157,12 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots)
     except ValueError as exc:
         parser.error(str(exc))
-    text = "".join(json.dumps(row) + "\n" for row in rows)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_rows(rows, args.out)
     return 0
 
 

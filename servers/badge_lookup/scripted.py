@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message, field, function_call, turn_of
+from nemo_gym_env.protocol.scripting import assistant_message, field, function_call, turn_of
 
 __all__ = ["scripted_action"]
 

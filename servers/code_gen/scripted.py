@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 
 __all__ = ["SOLUTIONS", "lookup_program", "scripted_action", "wrong_program"]
 

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message, field, function_call, turn_of
+from nemo_gym_env.protocol.scripting import assistant_message, field, function_call, turn_of
 
 __all__ = ["city_of", "scripted_action"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message, field
+from nemo_gym_env.protocol.scripting import assistant_message, field
 
 __all__ = ["scripted_action", "wrong_guesses"]
 

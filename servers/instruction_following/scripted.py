@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 from nemo_gym_env.servers.instruction_following.instructions import InstructionError, build
 
 __all__ = ["compose", "scripted_action", "violate"]

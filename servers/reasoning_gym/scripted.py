@@ -18,7 +18,7 @@ import functools
 import re
 from typing import Any
 
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 from nemo_gym_env.servers.reasoning_gym import tasks
 
 __all__ = ["correct_answer", "scripted_action", "wrong_answer"]

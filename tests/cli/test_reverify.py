@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.scripting import assistant_message
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
 from nemo_gym_env.rollouts.reverify import reverified_row, verify_body
-from nemo_gym_env.server.scripting import assistant_message
 
 from ..fixtures import fixture_config, fixture_specs
 from .conftest import CLI, assert_one_line_error, cli_env, descendants, read_jsonl, run_cli, wait_gone

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
+from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.rollouts.output import failures_path, metrics_path
 
+from ..conftest import JUDGED
 from .conftest import CANARY, CLI, assert_one_line_error, cli_env, descendants, read_jsonl, run_cli, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,13 @@ def _keys(rows: list[dict]) -> list[tuple[int, int]]:
 
 
 def _playable() -> list[str]:
-    return [s for s in sorted(bundled_servers()) if importlib.util.find_spec(f"nemo_gym_env.servers.{s}.scripted")]
+    """Bundled servers with a scripted player whose required extra (config ``requires``) is installed."""
+    def installed(server: str) -> bool:
+        need = bundled_spec(server).config.get("requires")
+        return not need or importlib.util.find_spec(str(need)) is not None
+
+    return [s for s in sorted(bundled_servers())
+            if importlib.util.find_spec(f"nemo_gym_env.servers.{s}.scripted") and installed(s)]
 
 
 def test_scripted_rollouts_on_every_bundled_server(tmp_path):
@@ -47,12 +54,13 @@ def test_scripted_rollouts_on_every_bundled_server(tmp_path):
     expected = {(server, t, r) for server in servers for t in range(_tasks(server)) for r in range(2)}
     assert len(rows) == len(expected) == sum(_tasks(s) for s in servers) * 2
     assert {(r["agent_ref"]["name"], r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows} == expected
-    assert all(r["reward"] == 1.0 for r in rows), [r["reward"] for r in rows]
+    # A judged server's correct play scores 1.0; a hosted env's rows hold its own returns (tests/bridge).
+    judged = [r["reward"] for r in rows if r["agent_ref"]["name"] in JUDGED]
+    assert judged and all(reward == 1.0 for reward in judged), judged
     assert Counter(r["agent_ref"]["name"] for r in rows) == {s: _tasks(s) * 2 for s in servers}
     assert all("response" in r and r["response"]["output"] for r in rows)  # the /verify reply, episode included
     metrics = json.loads(metrics_path(out).read_text())
-    assert metrics["agent_metrics"]["mean/reward"] == 1.0
-    assert metrics["agent_metrics"]["pass@2/reward"] == 100.0
+    assert metrics["agent_metrics"]["mean/reward"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
     assert metrics["num_rollouts"] == len(rows) and metrics["num_failed"] == 0
     assert set(metrics["per_server"]) == set(servers)
     assert "mean/reward" in result.stdout and str(out) in result.stdout  # the table and the path

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.client.head import fetch_global_config, fetch_servers, server_urls_from_global_config
+from nemo_gym_env.client.head_client import fetch_global_config, fetch_servers, server_urls_from_global_config
 from nemo_gym_env.launch.catalog import bundled_dataset
 
 from ..conftest import play_episode

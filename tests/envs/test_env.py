@@ -17,7 +17,7 @@ import nemo_gym_env
 from nemo_gym_env import ActionError, NemoGymEnv, ServerError
 from nemo_gym_env.protocol.types import make_response
 
-from ..conftest import BUNDLED, example_rows, play_episode, scripted
+from ..conftest import BUNDLED, JUDGED, example_rows, play_episode, scripted
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_code_gen_differs_between_runs_only_in_its_timing():
         env.close()
 
 
-@pytest.mark.parametrize("server", BUNDLED)
+@pytest.mark.parametrize("server", JUDGED)
 def test_scripted_play_gets_reward_one_and_zero_on_every_task(server):
     env = gym.make(nemo_gym_env.env_id(server))
     try:

@@ -17,7 +17,7 @@ from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.protocol.dataset import input_items
-from nemo_gym_env.server.scripting import assistant_message, function_call
+from nemo_gym_env.protocol.scripting import assistant_message, function_call
 
 from ..conftest import example_rows, scripted
 from ..fixtures import fixture_specs

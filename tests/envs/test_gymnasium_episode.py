@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 
 from nemo_gym_env import NemoGymEnv, ServerError
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.server.scripting import assistant_message
+from nemo_gym_env.protocol.scripting import assistant_message
 
 from ..fixtures import fixture_specs
 

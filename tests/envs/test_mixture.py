@@ -84,13 +84,58 @@ def test_bad_mixtures_are_refused_at_make_time(envs, num_envs, match):
     assert isinstance(caught.value, NemoGymError)
 
 
-def test_missing_envs_unknown_arguments_and_gym_make_are_refused():
+def test_missing_envs_and_unknown_arguments_are_refused_by_both_forms():
     with pytest.raises(ConfigError, match="needs envs="):
         gym.make_vec(MIXTURE, num_envs=2)
     with pytest.raises(ConfigError, match="unknown arguments"):
         gym.make_vec(MIXTURE, num_envs=2, envs={"NemoGym/math-v0": 1}, base_url="http://127.0.0.1:1")
-    with pytest.raises(ConfigError, match="make_vec"):
+    with pytest.raises(ConfigError, match="needs envs="):
         gym.make(MIXTURE)
+    with pytest.raises(ConfigError, match="unknown arguments"):
+        gym.make(MIXTURE, envs={"NemoGym/math-v0": 1}, base_url="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="unknown env id"):
+        gym.make(MIXTURE, envs={"NemoGym/nope-v0": 1})
+
+
+# ---- the single env, on real servers -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gym_make_draws_its_environment_by_weight_at_each_reset(launched):
+    """One env over two real servers: each reset draws an environment (seeded), plays it to its reward."""
+    envs = {f"NemoGym/{SINGLE}-v0": {"weight": 3, "base_url": launched[SINGLE]},
+            f"NemoGym/{MULTI}-v0": {"weight": 1, "base_url": launched[MULTI]}}
+    env = gym.make(MIXTURE, envs=envs)
+    try:
+        drawn = []
+        for seed in range(40):
+            obs, info = env.reset(seed=seed)
+            env_id = info["env_id"]
+            drawn.append(env_id)
+            assert env.unwrapped.env_id == env_id
+            history: list = []
+            play = scripted(_server(env_id))
+            terminated = truncated = False
+            while not (terminated or truncated):
+                obs, reward, terminated, truncated, info = env.step(play(env.unwrapped.task, history))
+                history.extend(o for o in obs if o.get("type") == "function_call_output")
+                assert info["env_id"] == env_id
+            assert terminated and reward == 1.0, (seed, env_id, info)
+        # Both environments are played, in about the weights' proportion (3:1 over 40 draws).
+        assert 20 <= drawn.count(f"NemoGym/{SINGLE}-v0") <= 38 and f"NemoGym/{MULTI}-v0" in drawn
+        # Same seed, same environment and same task; options["env_id"] picks one.
+        _, first = env.reset(seed=7)
+        task = env.unwrapped.task
+        _, again = env.reset(seed=7)
+        assert again["env_id"] == first["env_id"] and env.unwrapped.task == task
+        _, picked = env.reset(seed=7, options={"env_id": f"NemoGym/{MULTI}-v0", "task_index": 1})
+        assert picked["env_id"] == f"NemoGym/{MULTI}-v0" and picked["task_index"] == 1
+        with pytest.raises(ValueError, match="none of"):
+            env.reset(options={"env_id": "NemoGym/math-v0"})
+        tools = set(env.action_space.tool_names)
+        assert {"get_weather", "get_synonym_value"} <= tools
+    finally:
+        env.close()
 
 
 def test_a_zero_weight_environment_is_left_out():

@@ -15,8 +15,8 @@ from gymnasium.envs.registration import load_env_creator
 
 import nemo_gym_env
 from nemo_gym_env.envs import make
-from nemo_gym_env.envs.registration import GENERIC_ID, MIXTURE_ID, env_id, register_envs
-from nemo_gym_env.launch.child_env import SERVER_ENV
+from nemo_gym_env.envs.registration import GENERIC_ID, HOSTED_IDS, MIXTURE_ID, env_id, register_envs
+from nemo_gym_env.system.child_env import SERVER_ENV
 
 from ..conftest import BUNDLED
 
@@ -32,10 +32,11 @@ def without_server_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != SERVER_ENV}
 
 
-def test_ids_are_the_generic_one_then_one_per_bundled_server_then_the_mixture():
+def test_ids_are_the_generic_one_then_one_per_bundled_server_then_the_hosted_ones_then_the_mixture():
     assert env_id("example_multi_step") == "NemoGym/example_multi_step-v0"
     assert GENERIC_ID == "NemoGym/Generic-v0" and MIXTURE_ID == "NemoGym/Mixture-v0"
-    assert register_envs() == [GENERIC_ID, *(env_id(name) for name in BUNDLED), MIXTURE_ID]
+    assert list(HOSTED_IDS) == ["NemoGym/Gymnasium-v0", "NemoGym/TextArena-v0"]
+    assert register_envs() == [GENERIC_ID, *(env_id(name) for name in BUNDLED), *HOSTED_IDS, MIXTURE_ID]
     assert sorted(name for name in gym.registry if name.startswith("NemoGym/")) == sorted(register_envs())
 
 

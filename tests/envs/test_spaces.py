@@ -1,4 +1,4 @@
-"""Tests for nemo_gym_env.spaces: is_json_value, JsonItems and ResponsesAction."""
+"""Tests for nemo_gym_env.envs.spaces: is_json_value, JsonItems and ResponsesAction."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from nemo_gym_env.server.scripting import CALL_ID, assistant_message, field, function_call, turn_of
+from nemo_gym_env.protocol.scripting import CALL_ID, assistant_message, field, function_call, turn_of
 
 __all__ = ["PLAYERS", "Player", "call", "message", "play_episode", "tool_outputs", "turn_of"]
 

@@ -15,6 +15,7 @@ the same moves as Chat Completions tool calls.
 
 from __future__ import annotations
 
+import inspect
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from nemo_gym_env.protocol.items import content_text
 from nemo_gym_env.protocol.types import make_response
 
 __all__ = ["ScriptedModelServer", "scripted_metadata"]
@@ -91,7 +93,13 @@ class ScriptedModelServer:
             raise ValueError(f"request metadata names no known scripted task: {metadata!r}")
         row = self.rows[server][int(metadata["scripted_task"])]
         history = [item for item in items if item.get("type") == "function_call_output"]
-        return self.players[server](row, history, correct=metadata.get("scripted_play") != "wrong")
+        player = self.players[server]
+        correct = metadata.get("scripted_play") != "wrong"
+        if "observations" in inspect.signature(player).parameters:  # a hosted env's player reads what it was told
+            said = [content_text(item.get("content")) for item in items
+                    if item.get("type", "message") == "message" and item.get("role") == "user"]
+            return player(row, history, correct=correct, observations=said)
+        return player(row, history, correct=correct)
 
     def _app(self) -> FastAPI:
         app = FastAPI()

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from nemo_gym_env.launch.catalog import bundled_servers
+from nemo_gym_env.protocol.scripting import assistant_message
 from nemo_gym_env.server import SimpleResourcesServer
-from nemo_gym_env.server.scripting import assistant_message
 from nemo_gym_env.server.testing import app_client, example_rows, play, verify
 
 from ..fixtures import FIXTURES

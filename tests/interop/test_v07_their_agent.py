@@ -30,6 +30,10 @@ GAME = "guess_number"
 GAME_AGENT = "ours_guess_number_gymnasium_agent"
 """0.7's gymnasium_agent in front of our Gymnasium-protocol example server."""
 
+TOY = "taxi"
+TOY_AGENT = "ours_taxi_gymnasium_agent"
+"""0.7's gymnasium_agent in front of Gymnasium's Taxi-v4, served by our bridge."""
+
 
 @pytest.fixture(scope="module")
 def stack(launched: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NgRun, Any]]:
@@ -38,19 +42,26 @@ def stack(launched: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 
     python = ng07_python()
     workdir = tmp_path_factory.mktemp("ng07_run")
-    servers = [*SHARED_SERVERS, GAME]
+    servers = [*SHARED_SERVERS, GAME, TOY]
     rows = {server: our_rows(server) for server in servers}
     players = {server: our_player(server) for server in servers}
     with ScriptedModelServer(rows, players) as model, Launcher() as launcher:
-        urls = {**{s: launched[s] for s in SHARED_SERVERS}, GAME: launcher.start(bundled_spec(GAME)).url}
+        urls = {**{s: launched[s] for s in SHARED_SERVERS}, GAME: launcher.start(bundled_spec(GAME)).url,
+                TOY: launcher.start(bundled_spec(TOY)).url}
         config, local = _our_config(urls, model.base_url)
         config = {name: block for name, block in config.items() if "vllm_model" not in yaml.safe_dump(block)
-                  and not name.endswith("_chat_agent") and name != agent_name(GAME)}
+                  and not name.endswith("_chat_agent") and name not in (agent_name(GAME), agent_name(TOY))}
         config[GAME_AGENT] = {"responses_api_agents": {"gymnasium_agent": {
             "entrypoint": "app.py",
             "resources_server": {"type": "resources_servers", "name": f"ours_{GAME}"},
             "model_server": {"type": "responses_api_models", "name": MODEL_INSTANCE},
             "max_steps": 5,
+        }}}
+        config[TOY_AGENT] = {"responses_api_agents": {"gymnasium_agent": {
+            "entrypoint": "app.py",
+            "resources_server": {"type": "resources_servers", "name": f"ours_{TOY}"},
+            "model_server": {"type": "responses_api_models", "name": MODEL_INSTANCE},
+            "max_steps": 60,
         }}}
         run = NgRun(python, workdir, config, local)
         # 0.7 puts a generated "legacy_agent" environment server in front of each agent: it needs
@@ -82,6 +93,11 @@ def rollouts(stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         variant["responses_create_params"]["metadata"] = scripted_metadata(GAME, task_index, True)
         variant["agent_ref"] = {"type": "responses_api_agents", "name": GAME_AGENT}
         inputs.append(variant)
+    for task_index, row in enumerate(our_rows(TOY)):  # the player reads the observations their agent relays
+        variant = copy.deepcopy(row)
+        variant["responses_create_params"]["metadata"] = scripted_metadata(TOY, task_index, True)
+        variant["agent_ref"] = {"type": "responses_api_agents", "name": TOY_AGENT}
+        inputs.append(variant)
     input_path, output_path = folder / "inputs.jsonl", folder / "rollouts.jsonl"
     input_path.write_text("".join(json.dumps(row) + "\n" for row in inputs))
     proc = run.run_cli("ng_collect_rollouts", f"+input_jsonl_fpath={input_path}",
@@ -91,7 +107,7 @@ def rollouts(stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_their_07_agent_gets_our_rewards(rollouts):
-    results = [r for r in rollouts["results"] if r["agent_ref"]["name"] != GAME_AGENT]
+    results = [r for r in rollouts["results"] if r["agent_ref"]["name"] not in (GAME_AGENT, TOY_AGENT)]
     assert len(results) == sum(2 * len(our_rows(s)) for s in SHARED_SERVERS)
     for result in results:
         play = result["responses_create_params"]["metadata"]["scripted_play"]
@@ -111,6 +127,27 @@ def test_their_gymnasium_agent_plays_our_gymnasium_protocol_server(rollouts):
         assert result["responses_create_params"]["input"][-1]["content"].startswith("I am thinking of")
 
 
+def test_their_gymnasium_agent_plays_gymnasiums_taxi_through_our_bridge(rollouts):
+    """Their agent sums our step rewards; replaying its moves on the raw Taxi-v4 gives the same return."""
+    import gymnasium
+
+    from nemo_gym_env.bridge.gymnasium_env import GymnasiumEnvServer
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.protocol.items import content_text
+
+    fmt = GymnasiumEnvServer.from_config(bundled_spec(TOY).config, TOY).action_format
+    results = [r for r in rollouts["results"] if r["agent_ref"]["name"] == TOY_AGENT]
+    assert len(results) == len(our_rows(TOY))
+    for result in results:
+        moves = [fmt.parse(content_text(item["content"])) for item in result["response"]["output"]
+                 if item.get("type") == "message" and item.get("role") == "assistant"]
+        seed = our_rows(TOY)[int(result["responses_create_params"]["metadata"]["scripted_task"])]["seed"]
+        raw = gymnasium.make("Taxi-v4")
+        raw.reset(seed=seed)
+        total = sum(float(raw.step(move)[1]) for move in moves)
+        assert (result["reward"], result["terminated"]) == (total, True) and total > 0, seed
+
+
 def test_their_07_agent_sends_the_new_create_keys_and_our_servers_keep_them(rollouts):
-    for result in [r for r in rollouts["results"] if r["agent_ref"]["name"] != GAME_AGENT]:
+    for result in [r for r in rollouts["results"] if r["agent_ref"]["name"] not in (GAME_AGENT, TOY_AGENT)]:
         assert NEW_KEYS <= set(result["responses_create_params"]), sorted(result["responses_create_params"])

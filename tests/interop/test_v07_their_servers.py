@@ -23,8 +23,8 @@ import pytest
 from nemo_gym_env import NemoGymEnv
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.envs import protocols
-from nemo_gym_env.server.scripting import assistant_message, function_call
+from nemo_gym_env.envs import traits as envs_traits
+from nemo_gym_env.protocol.scripting import assistant_message, function_call
 
 from .ng07 import ng07_python, their_rows, their_server
 
@@ -67,7 +67,7 @@ def mcqa(python, workdir) -> Iterator[str]:
 
 def test_mcqa_right_and_wrong_letters(python, mcqa):
     rows = their_rows(python, "mcqa")
-    found = background_loop().run(protocols.server_traits(ResourcesClient(mcqa)), timeout=60)
+    found = background_loop().run(envs_traits.server_traits(ResourcesClient(mcqa)), timeout=60)
     assert (found.protocol, found.close_session) == ("resources", True)  # 0.7's /close_session, unmarked /verify
     env = env_of(mcqa, rows)
     try:
@@ -141,8 +141,8 @@ OUTCOME = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
 
 
 def test_blackjack_is_told_to_be_a_gymnasium_protocol_server(blackjack):
-    protocols._KNOWN.pop(blackjack, None)
-    found = background_loop().run(protocols.server_traits(ResourcesClient(blackjack)), timeout=60)
+    envs_traits._KNOWN.pop(blackjack, None)
+    found = background_loop().run(envs_traits.server_traits(ResourcesClient(blackjack)), timeout=60)
     assert (found.protocol, found.found_by) == ("gymnasium", "routes")
 
 

@@ -32,7 +32,9 @@ def test_bundled_catalog():
 
 
 EVERY_SERVER = {"badge_lookup", "code_gen", "example_multi_step", "example_session_state_mgmt",
-                "example_single_tool_call", "guess_number", "instruction_following", "math", "mcqa", "reasoning_gym"}
+                "example_single_tool_call", "guess_number", "instruction_following", "math", "mcqa", "reasoning_gym",
+                "frozen_lake", "taxi", "blackjack", "cliff_walking", "textarena_tower_of_hanoi", "textarena_sudoku",
+                "textarena_guess_the_number", "textarena_tic_tac_toe"}
 
 
 def test_every_bundled_server_is_in_the_catalog_with_its_folder():

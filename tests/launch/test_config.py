@@ -1,4 +1,4 @@
-"""Tests for nemo_gym_env.config: NeMo Gym config loading, server specs and redaction."""
+"""Tests for nemo_gym_env.launch.config: NeMo Gym config loading, server specs and redaction."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from nemo_gym_env.launch.config import (
     server_specs,
     to_yaml,
 )
-from nemo_gym_env.launch.redaction import REDACTED, SECRET_KEY_PATTERN, redact
+from nemo_gym_env.system.redaction import REDACTED, SECRET_KEY_PATTERN, redact
 
 REAL_NG_CONFIG = Path(os.environ.get("NEMO_GYM_WHEEL_DIR", "/nonexistent")) / "resources_servers/example_multi_step/configs/example_multi_step.yaml"
 

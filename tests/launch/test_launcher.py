@@ -22,8 +22,9 @@ from nemo_gym_env import launch
 from nemo_gym_env.errors import LaunchError, ServerCrashed
 from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.launch.net import answers_ok
 from nemo_gym_env.server import SESSION_SECRET_ENV
+from nemo_gym_env.system import child_env
+from nemo_gym_env.system.net import answers_ok
 
 from ..conftest import group_members, pid_alive, wait_until
 from ..fixtures import fixture_config, fixture_server
@@ -77,8 +78,8 @@ def test_start_serves_liveness_and_tool_and_keeps_the_secret_out(launcher, launc
         if "=" in item
     )
     secret = environ[SESSION_SECRET_ENV]
-    info = json.loads(environ[launch.SERVER_ENV])
-    assert len(secret) >= 40 and secret not in environ[launch.SERVER_ENV]
+    info = json.loads(environ[child_env.SERVER_ENV])
+    assert len(secret) >= 40 and secret not in environ[child_env.SERVER_ENV]
     assert info["name"] == "fixture_ok" and info["config"]["port"] == proc.port
     log = proc.log_path.read_text()
     assert "Application startup complete" in log and secret not in log
@@ -162,7 +163,7 @@ def test_garbage_collected_launcher_stops_its_servers(launch_specs):
 
 PARENT_SCRIPT = """
 import sys, time
-from nemo_gym_env.config import load_config, server_specs
+from nemo_gym_env.launch.config import load_config, server_specs
 from nemo_gym_env.launch import Launcher
 
 spec = server_specs(load_config([{yaml!r}], env_yaml=None))[0]

@@ -17,9 +17,9 @@ import pytest
 
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.errors import NemoGymError
-from nemo_gym_env.launch.redaction import REDACTED
 from nemo_gym_env.policies import OpenAIPolicy, PolicyError, PolicyRequest
 from nemo_gym_env.rollouts.output import failures_path
+from nemo_gym_env.system.redaction import REDACTED
 
 REQUEST = PolicyRequest(input=[{"role": "user", "content": "Weather in Oslo?"}], history=[])
 

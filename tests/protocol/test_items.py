@@ -19,8 +19,8 @@ from nemo_gym_env.protocol.items import (
     plain,
     reasoning_text,
 )
+from nemo_gym_env.protocol.scripting import assistant_message, function_call, reasoning
 from nemo_gym_env.protocol.types import FunctionCall, FunctionCallOutput, make_response
-from nemo_gym_env.server.scripting import assistant_message, function_call, reasoning
 
 
 def test_the_item_type_tables_nest():

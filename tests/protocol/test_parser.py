@@ -1,4 +1,4 @@
-"""Tests for nemo_gym_env.parser: parse_model_text, render_tool_call, items_to_text."""
+"""Tests for nemo_gym_env.protocol.parser: parse_model_text, render_tool_call, items_to_text."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_verify_response_echoes_the_request():
 def test_response_models_are_built_at_import_so_requests_reuse_them():
     """The SDK defers its models' validators; types.py builds ours once, so every model that
     holds a Response (the verify request and reply, each server's subclasses) reuses them."""
-    from nemo_gym_env import types
+    from nemo_gym_env.protocol import types
 
     for model in (types.Response, types.FunctionCall, types.OutputMessage, types.ReasoningItem,
                   types.InputMessage, types.FunctionCallForTraining, types.ResponseUsage):

@@ -8,11 +8,11 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from nemo_gym_env.client.head import fetch_servers
+from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.envs.env import NemoGymEnv
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
 from nemo_gym_env.launch.config import load_config, server_specs
-from nemo_gym_env.launch.head import HeadServer
+from nemo_gym_env.launch.head_server import HeadServer
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.ray_cluster import RayLauncher, connect, ray_address

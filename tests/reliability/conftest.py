@@ -2,7 +2,9 @@
 
 Every test that measures something records it with the ``figures`` fixture; the figures are
 printed at the end of the run and, with ``NEMO_GYM_ENV_FIGURES=path.json``, written there
-(docs/reliability.md is written from such a file).
+(docs/reliability.md is written from such a file). They travel in the test's report
+(``user_properties``), so that the run's summary has them under pytest-xdist too
+(``tests/conftest.py`` prints and writes them).
 """
 
 from __future__ import annotations
@@ -17,44 +19,28 @@ import pytest
 
 from nemo_gym_env.launch.config import ServerSpec
 
+from ..conftest import FIGURE
 from ..fixtures import fixture_specs
 
-FIGURES_ENV = "NEMO_GYM_ENV_FIGURES"
 SOAK_ENV = "NEMO_GYM_ENV_SOAK"
-
-_FIGURES: list[dict[str, Any]] = []
 
 
 class Figures:
-    """Records ``(test, name) -> value`` figures of one test."""
+    """Records ``(test, name) -> value`` figures of one test, in its report."""
 
-    def __init__(self, test: str):
-        self.test = test
+    def __init__(self, node: pytest.Item):
+        self.node = node
+        chain = node.listchain()  # not the node id: xdist's --dist loadgroup appends "@<group>" to it
+        self.test = "::".join(n.name for n in chain[chain.index(node.getparent(pytest.Module)) + 1:])
 
     def record(self, name: str, value: Any, unit: str = "") -> Any:
-        _FIGURES.append({"test": self.test, "name": name, "value": value, "unit": unit})
+        self.node.user_properties.append((FIGURE, {"test": self.test, "name": name, "value": value, "unit": unit}))
         return value
 
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Figures:
-    return Figures(request.node.nodeid.split("::", 1)[-1])
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _FIGURES:
-        return
-    terminalreporter.section("reliability figures")
-    for fig in _FIGURES:
-        value = fig["value"]
-        text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value) if not isinstance(value, str) else value
-        terminalreporter.write_line(f"{fig['test']}: {fig['name']} = {text} {fig['unit']}".rstrip())
-    path = os.environ.get(FIGURES_ENV)
-    if path:
-        existing = json.loads(Path(path).read_text()) if Path(path).is_file() else []
-        keys = {(f["test"], f["name"]) for f in _FIGURES}
-        merged = [f for f in existing if (f["test"], f["name"]) not in keys] + _FIGURES
-        Path(path).write_text(json.dumps(merged, indent=1) + "\n")
+    return Figures(request.node)
 
 
 # ---- fixture servers ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Hostile input (docs/architecture.md, "Reliability and security"): bad input never crashes a server or the env.
 
-- Property-based fuzzing of the action path: :func:`nemo_gym_env.actions.normalize_action`
+- Property-based fuzzing of the action path: :func:`nemo_gym_env.envs.actions.normalize_action`
   raises nothing but :class:`ActionError` and otherwise returns valid items that travel as
   JSON; the action and observation spaces never raise on anything.
 - Schema-driven fuzzing (schemathesis) of every route of every bundled server, launched for

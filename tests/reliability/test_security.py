@@ -38,7 +38,7 @@ from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.errors import ServerCrashed
 from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.launch.config import load_config
-from nemo_gym_env.launch.head import HeadServer
+from nemo_gym_env.launch.head_server import HeadServer
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server import SESSION_SECRET_ENV, BaseResourcesServerConfig

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.protocol.scripting import assistant_message, function_call
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.gymnasium import GymnasiumServer, extract_text
-from nemo_gym_env.server.scripting import assistant_message, function_call
 
 from ..fixtures import fixture_specs
 

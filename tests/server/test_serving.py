@@ -18,6 +18,7 @@ from nemo_gym_env import launch
 from nemo_gym_env.launch.catalog import bundled_servers
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.testing import example_rows, function_call
+from nemo_gym_env.system import child_env
 
 from ..conftest import group_members, wait_until
 from ..fixtures import fixture_server
@@ -40,7 +41,7 @@ def test_serve_by_hand_without_a_launcher():
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    env = {k: v for k, v in os.environ.items() if k != launch.SERVER_ENV}
+    env = {k: v for k, v in os.environ.items() if k != child_env.SERVER_ENV}
     env["PYTHONPATH"] = str(REPO)
     child = subprocess.Popen(
         [sys.executable, "ok_app.py", f"port={port}", "name=by_hand"],
@@ -99,7 +100,7 @@ def _environ(pid: int) -> dict[str, str]:
 def test_a_bundled_server_run_by_hand_answers():
     folder = bundled_servers()["example_single_tool_call"]
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in (launch.SERVER_ENV, launch.SESSION_SECRET_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (child_env.SERVER_ENV, child_env.SESSION_SECRET_ENV)}
     command = [sys.executable, "app.py", "host=127.0.0.1", f"port={port}"]
     child = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
@@ -160,7 +161,7 @@ def test_the_launchers_variables_do_not_reach_the_servers_subprocesses(launcher,
     reply = httpx.post(f"{proc.url}/child_env", timeout=30).json()
     started_with = _environ(reply["pid"])
     # The process that answered was started with both (the launcher's, or its supervisor's) ...
-    assert launch.SERVER_ENV in started_with and launch.SESSION_SECRET_ENV in started_with
+    assert child_env.SERVER_ENV in started_with and child_env.SESSION_SECRET_ENV in started_with
     # ... and a subprocess it starts gets neither.
     assert "PATH" in reply["names"]
-    assert launch.SERVER_ENV not in reply["names"] and launch.SESSION_SECRET_ENV not in reply["names"]
+    assert child_env.SERVER_ENV not in reply["names"] and child_env.SESSION_SECRET_ENV not in reply["names"]

@@ -10,8 +10,8 @@ import pytest
 from nemo_gym_env.envs.registration import env_id
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.launch.redaction import REDACTED
 from nemo_gym_env.rollouts.output import read_rollouts
+from nemo_gym_env.system.redaction import REDACTED
 from tests.cli.conftest import assert_one_line_error, run_cli
 from tests.conftest import example_rows
 from tests.viewer.conftest import running_cli

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_env.launch.redaction import REDACTED
+from nemo_gym_env.system.redaction import REDACTED
 from nemo_gym_env.viewer.rows import MAX_DEPTH, Scrubber, count_tokens, count_turns, row_stats
 from nemo_gym_env.viewer.run import env_yaml_secrets
 from tests.viewer.rollout_data import built_row, failure_row

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from nemo_gym_env.launch.redaction import REDACTED
 from nemo_gym_env.rollouts.output import failures_path
 from nemo_gym_env.rollouts.report import metrics_table, summarize
+from nemo_gym_env.system.redaction import REDACTED
 from tests.cli.conftest import assert_one_line_error, run_cli
 from tests.viewer.conftest import running_cli, wait_until
 from tests.viewer.rollout_data import HOSTILE, built_row, jsonl

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("trl")
 
 import nemo_gym_env  # noqa: F401  (registers the ids)
-from nemo_gym_env.adapters.trl import TASK_KEY, env_rows, tasks_dataset
+from nemo_gym_env.adapters.trl import TASK_ROW_FIELD, env_rows, tasks_dataset
 
 from ..conftest import secret_rows
 
@@ -24,7 +24,7 @@ def test_tasks_dataset_from_every_kind_of_source(rows_file):
     first = by_id[0]
     assert [m["role"] for m in first["prompt"]] == ["system", "user"]
     assert json.loads(first["task"]) == env_rows("example_multi_step")[0]
-    assert first["prompt"][0][TASK_KEY] == first["task"] and first["prompt"][1][TASK_KEY] is None
+    assert first["prompt"][0][TASK_ROW_FIELD] == first["task"] and first["prompt"][1][TASK_ROW_FIELD] is None
 
     from_rows = tasks_dataset(secret_rows())
     from_file = tasks_dataset(str(rows_file))

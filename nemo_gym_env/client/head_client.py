@@ -15,8 +15,8 @@ import yaml
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, LaunchError, TransportError
-from nemo_gym_env.launch.config import SERVER_TYPES
-from nemo_gym_env.launch.net import http_url
+from nemo_gym_env.protocol.keys import SERVER_TYPES
+from nemo_gym_env.system.net import http_url
 
 __all__ = ["fetch_global_config", "fetch_servers", "server_urls_from_global_config"]
 
@@ -31,7 +31,8 @@ def _get(head_url: str, path: str, timeout_s: float) -> Reply:
             f"cannot reach the head server at {url} ({type(exc).__name__}); is `nemo-gym-env serve` running?"
         ) from None
     if reply.status_code != 200:
-        raise LaunchError(f"head server {url} answered HTTP {reply.status_code}: {reply.text[:200]}")
+        raise LaunchError(f"head server {url} answered HTTP {reply.status_code}: {reply.text[:200]}",
+                          status_code=reply.status_code)
     return reply
 
 
@@ -44,7 +45,7 @@ def fetch_servers(head_url: str, timeout_s: float = 10.0) -> dict[str, str]:
     try:
         reply = _get(head_url, "/servers", timeout_s)
     except LaunchError as exc:
-        if "HTTP 404" not in str(exc):
+        if exc.status_code != 404:
             raise
         return server_urls_from_global_config(fetch_global_config(head_url, timeout_s))
     try:

@@ -12,8 +12,8 @@ every secret redacted. Routes:
 - ``GET /server_instances`` -> one record per server (name, type, host, port, url, pid, status)
 
 Example:
-    >>> from nemo_gym_env.catalog import bundled_spec
-    >>> from nemo_gym_env.launch import Launcher
+    >>> from nemo_gym_env.client.head_client import fetch_servers
+    >>> from nemo_gym_env.launch import Launcher, bundled_spec
     >>> with Launcher() as launcher:                                     # doctest: +SKIP
     ...     procs = launcher.start_all([bundled_spec("example_multi_step")])
     ...     with HeadServer(cfg, procs, port=0) as head:
@@ -32,22 +32,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-# The client side of a head server, importable from here as it always was.
-from nemo_gym_env.client.head import fetch_global_config, fetch_servers, server_urls_from_global_config
 from nemo_gym_env.errors import LaunchError
 from nemo_gym_env.launch.launcher import ServerProcess
-from nemo_gym_env.launch.net import DEFAULT_HOST, answers_ok, http_url, listen_socket
-from nemo_gym_env.launch.redaction import redact, scrub, secret_values
+from nemo_gym_env.system.net import DEFAULT_HOST, answers_ok, http_url, listen_socket
+from nemo_gym_env.system.redaction import redact, scrub, secret_values
 
 __all__ = [
     "DEFAULT_HEAD_PORT",
     "HEAD_SERVER_KEY",
     "HeadServer",
-    "fetch_global_config",
-    "fetch_servers",
     "head_address",
     "public_config",
-    "server_urls_from_global_config",
 ]
 
 HEAD_SERVER_KEY = "head_server"
@@ -82,7 +77,7 @@ def public_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The resolved config with every secret redacted: safe to print, log or serve.
 
     Values under secret-looking keys (``*api_key``, ``*token*``, ``*secret*``, ``password``...)
-    are replaced by :data:`~nemo_gym_env.launch.redaction.REDACTED`, and so is every copy of such a value
+    are replaced by :data:`~nemo_gym_env.system.redaction.REDACTED`, and so is every copy of such a value
     that an interpolation carried into another key (``base_url: ${policy_api_key}``).
 
     Example:

@@ -6,7 +6,7 @@ import json
 
 from omegaconf import OmegaConf
 
-from nemo_gym_env.launch.head import public_config
+from nemo_gym_env.launch.head_server import public_config
 
 
 def test_public_config_scrubs_interpolated_secrets():

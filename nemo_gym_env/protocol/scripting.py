@@ -2,7 +2,9 @@
 server ships (``servers/<name>/scripted.py``: tests, the quickstart, benchmarks).
 
 A player is ``scripted_action(row, history, correct=True) -> list of Responses output items``,
-where ``history`` holds the items the env returned since reset. Call ids are
+where ``history`` holds the tool outputs the env returned since reset. A player of a hosted
+env (the bridge's servers) also takes ``observations=``: the text of every user message so far,
+the latest last; :func:`play_turn` gives each player what it asks for. Call ids are
 ``call_t<turn>_<index>``, so a player can tell from the tool outputs which turn it is on.
 
 Example:
@@ -18,11 +20,15 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["CALL_ID", "assistant_message", "field", "function_call", "reasoning", "turn_of"]
+from nemo_gym_env.protocol.items import content_text
+
+__all__ = ["CALL_ID", "assistant_message", "field", "function_call", "play_turn", "reasoning", "turn_of"]
 
 CALL_ID = re.compile(r"^call_t(\d+)_(\d+)$")
 """A scripted call id: group 1 the turn, group 2 the call's index in that turn."""
@@ -64,3 +70,28 @@ def assistant_message(text: str, item_id: str = "msg_t0") -> dict[str, Any]:
 def reasoning(text: str, item_id: str = "rs_t0") -> dict[str, Any]:
     """A ``reasoning`` item whose one summary part holds ``text`` (as a ``<think>`` block becomes)."""
     return {"type": "reasoning", "id": item_id, "summary": [{"type": "summary_text", "text": text}]}
+
+
+def play_turn(player: Callable[..., list[dict[str, Any]]], row: dict[str, Any], shown: Iterable[Any],
+              history: Iterable[Any], *, correct: bool = True) -> list[dict[str, Any]]:
+    """The player's next turn: ``history`` is what the env returned since reset (tool outputs
+    and the server's messages; the player's own items are left out); a player whose signature
+    has an ``observations`` parameter also gets the text of every user message, those the
+    reset ``shown`` first.
+
+    Example:
+        >>> def echo(row, history, *, correct=True, observations=()):
+        ...     return [assistant_message(observations[-1])]
+        >>> said = {"type": "message", "role": "user", "content": "Go."}
+        >>> play_turn(echo, {}, [said], [])[0]["content"][0]["text"]
+        'Go.'
+    """
+    returned = [item for item in history if field(item, "type") == "function_call_output" or _from_user(item)]
+    if "observations" not in inspect.signature(player).parameters:
+        return player(row, returned, correct=correct)
+    said = [content_text(field(item, "content")) for item in [*shown, *returned] if _from_user(item)]
+    return player(row, returned, correct=correct, observations=said)
+
+
+def _from_user(item: Any) -> bool:
+    return (field(item, "type") or "message") == "message" and field(item, "role") == "user"

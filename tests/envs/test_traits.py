@@ -1,4 +1,4 @@
-"""How the env tells a server's protocol (``envs.protocols``), against real server processes on 127.0.0.1.
+"""How the env tells a server's protocol (``envs.traits``), against real server processes on 127.0.0.1.
 
 The protocol is told from the server itself, not from its config class: a server given only by
 ``base_url`` has no config the env could read. A ``GET`` on each route that differs answers 405
@@ -19,9 +19,9 @@ import pytest
 from nemo_gym_env import NemoGymEnv, ServerError
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.envs import protocols
+from nemo_gym_env.envs import traits as envs_traits
 from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
-from nemo_gym_env.envs.protocols import open_episode, server_traits
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.launch.launcher import Launcher
 
 from ..fixtures import fixture_specs
@@ -37,8 +37,8 @@ def urls() -> Iterator[dict[str, str]]:
         yield {p.name: p.url for p in launcher.start_all(fixture_specs("protocols").values())}
 
 
-def traits(url: str, protocol: str = "auto") -> protocols.ServerTraits:
-    protocols._KNOWN.pop(url, None)  # told afresh, not from an earlier test's cache
+def traits(url: str, protocol: str = "auto") -> envs_traits.ServerTraits:
+    envs_traits._KNOWN.pop(url, None)  # told afresh, not from an earlier test's cache
     return background_loop().run(server_traits(ResourcesClient(url, timeout_s=10), protocol), timeout=60)
 
 
@@ -71,7 +71,7 @@ def test_a_bundled_resources_server_needs_no_close_session(launched):
     # Our servers free a session's state at /verify and say so on GET /verify: no extra request.
     url = launched["example_session_state_mgmt"]
     probe = httpx.get(f"{url}/verify", timeout=10)
-    assert (probe.status_code, probe.headers["allow"], probe.headers[protocols.RELEASES_SESSION]) == (405, "POST",
+    assert (probe.status_code, probe.headers["allow"], probe.headers[envs_traits.RELEASES_SESSION]) == (405, "POST",
                                                                                                    "true")
     found = traits(url)
     assert (found.protocol, found.found_by, found.close_session) == ("resources", "routes", False)
@@ -94,7 +94,7 @@ def test_a_server_speaking_neither_protocol_is_a_clear_error_naming_the_routes_t
 
 def test_the_env_reports_a_server_speaking_neither_protocol_at_reset(urls):
     env = NemoGymEnv(base_url=urls["proto_neither"], dataset=[ROW])
-    protocols._KNOWN.pop(urls["proto_neither"], None)
+    envs_traits._KNOWN.pop(urls["proto_neither"], None)
     try:
         with pytest.raises(ServerError, match="neither protocol"):
             env.reset()
@@ -107,13 +107,13 @@ def test_an_unreachable_server_is_taken_for_a_resources_server_and_asked_again()
         url = launcher.start(fixture_specs("protocols")["proto_countdown"]).url
     found = traits(url)  # stopped: nothing listens there now
     assert (found.protocol, found.found_by) == ("resources", "unreachable")
-    assert url not in protocols._KNOWN
+    assert url not in envs_traits._KNOWN
 
 
 def test_the_protocol_argument_skips_detection_and_is_checked(urls):
     url = urls["proto_scripted_steps"]
     before = len(received(url))
-    assert traits(url, "gymnasium") == protocols.ServerTraits("gymnasium")
+    assert traits(url, "gymnasium") == envs_traits.ServerTraits("gymnasium")
     assert len(received(url)) == before  # nothing was probed
     with pytest.raises(ValueError, match="protocol must be"):
         traits(url, "grpc")
@@ -131,14 +131,14 @@ def test_detection_is_done_once_per_server(urls):
 
 def test_open_episode_speaks_the_told_protocol(urls):
     client = ResourcesClient(urls["proto_countdown"])
-    assert isinstance(open_episode(protocols.ServerTraits("gymnasium"), client, ROW, 0, 4), GymnasiumEpisode)
-    episode = open_episode(protocols.ServerTraits("resources", close_session=True), client, ROW, 0, 4)
+    assert isinstance(open_episode(envs_traits.ServerTraits("gymnasium"), client, ROW, 0, 4), GymnasiumEpisode)
+    episode = open_episode(envs_traits.ServerTraits("resources", close_session=True), client, ROW, 0, 4)
     assert not isinstance(episode, GymnasiumEpisode) and episode.close_session
 
 
 def test_a_failing_close_session_never_fails_the_episode(urls, caplog):
     url = urls["proto_close_fails"]
-    protocols._KNOWN.pop(url, None)
+    envs_traits._KNOWN.pop(url, None)
     env = NemoGymEnv(base_url=url, dataset=[{**ROW, "expected": 1}])
     try:
         env.reset()

@@ -1,0 +1,1 @@
+"""``blackjack``: Blackjack-v1 served by the bridge (:mod:`nemo_gym_env.bridge.gymnasium_env`)."""

@@ -1,0 +1,1 @@
+"""``cliff_walking``: CliffWalking-v1 served by the bridge (:mod:`nemo_gym_env.bridge.gymnasium_env`)."""

@@ -1,0 +1,1 @@
+"""``frozen_lake``: FrozenLake-v1 served by the bridge (:mod:`nemo_gym_env.bridge.gymnasium_env`)."""

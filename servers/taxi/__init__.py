@@ -1,0 +1,1 @@
+"""``taxi``: Taxi-v4 served by the bridge (:mod:`nemo_gym_env.bridge.gymnasium_env`)."""

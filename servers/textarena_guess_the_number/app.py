@@ -1,0 +1,10 @@
+"""``textarena_guess_the_number``: TextArena's ``GuessTheNumber-v0`` as a Gymnasium-protocol resources server (extra ``textarena``).
+
+The server is the bridge's :class:`~nemo_gym_env.bridge.textarena_game.TextArenaServer`; its config
+(``configs/textarena_guess_the_number.yaml``) names the game. One game per session, reset with the row's seed.
+"""
+
+from nemo_gym_env.bridge.textarena_game import TextArenaServer
+
+if __name__ == "__main__":
+    TextArenaServer.run_webserver()
