@@ -19,7 +19,7 @@ Which side raises what:
   :class:`ServerError` (a resources server failed or answered unusably; :class:`VerifyFailed`
   when its ``/verify`` reply judged nothing); below it, the transport's :class:`ConnectFailed`
   and :class:`TransportError`;
-- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout`;
+- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout` (and :class:`TaskLost`);
 - configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
   :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
 - data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
@@ -63,6 +63,7 @@ __all__ = [
     "ServerError",
     "SessionLostError",
     "Stopped",
+    "TaskLost",
     "TaskTimeout",
     "TransportError",
     "UnknownServerError",
@@ -139,6 +140,13 @@ class SessionLostError(NemoGymError):
 
 class TaskTimeout(NemoGymError):
     """A task did not finish within its time limit; the worker that ran it was stopped."""
+
+
+class TaskLost(TaskTimeout):
+    """The worker running a task was lost (its process killed, its node gone) before it answered.
+
+    A :class:`TaskTimeout` too: either way the task gave no result, and retrying it can succeed.
+    """
 
 
 # ---- configs, launching, the catalog ----------------------------------------------------------
