@@ -98,6 +98,12 @@ def check_cluster(address: str | None, timeout_s: float = 5.0) -> None:
             f"nothing answers at the Ray cluster address {address} ({exc}): start the head there "
             f"(`ray start --head --port={port}`), or fix the address (the address argument, "
             "ray_head_node_address, RAY_ADDRESS)") from None
+    mode = os.environ.get("RAY_AUTH_MODE")
+    has_token = any(os.environ.get(k) for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")) or \
+        (Path.home() / ".ray" / "auth_token").is_file()
+    if (mode or "").lower() == "token" and not has_token:  # Ray aborts the whole process (a C++ check) on this
+        raise ClusterConnectionError(f"cannot join the Ray cluster at {address}: this process has RAY_AUTH_MODE=token "
+                                     f"but no token: {TOKEN_HELP}")
     ray = import_ray()
     try:
         client = ray._raylet.GcsClient  # the GCS client of `ray status`: it reports the token error at once
@@ -106,15 +112,10 @@ def check_cluster(address: str | None, timeout_s: float = 5.0) -> None:
     try:
         client(address=address)
     except ray.exceptions.AuthenticationError:
-        mode = os.environ.get("RAY_AUTH_MODE")
-        has_token = any(os.environ.get(k) for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")) or \
-            (Path.home() / ".ray" / "auth_token").is_file()
         if (mode or "").lower() != "token":
             why = f"this process has RAY_AUTH_MODE={mode!r}" if mode else "this process has no RAY_AUTH_MODE set"
-        elif has_token:
-            why = "the token this process has is not the cluster's"
         else:
-            why = "this process has RAY_AUTH_MODE=token but no token"
+            why = "the token this process has is not the cluster's"
         raise ClusterConnectionError(f"the Ray cluster at {address} requires token authentication and {why}: "
                                      f"{TOKEN_HELP}") from None
     except Exception:  # noqa: BLE001 - anything else is ray.init's to report

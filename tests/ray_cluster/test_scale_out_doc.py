@@ -128,16 +128,18 @@ def test_the_cluster_section_works_as_written_auth_included() -> None:
         refused = _bash(f"ray status --address={address}", bare, root)
         assert refused.returncode != 0 and "InvalidAuthToken" in refused.stderr, refused.stderr[-2000:]
         probe = "from nemo_gym_env.ray_cluster import connect; import sys; connect(sys.argv[1])"
-        for extra, why in (({}, "this process has no RAY_AUTH_MODE set"),
-                           ({"RAY_AUTH_MODE": "token"}, "this process has RAY_AUTH_MODE=token but no token"),
-                           ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "f" * len(token)},
-                            "the token this process has is not the cluster's")):
+        refusal = f"ClusterConnectionError: the Ray cluster at {address} requires token authentication and "
+        for extra, says in (({}, refusal + "this process has no RAY_AUTH_MODE set"),
+                            ({"RAY_AUTH_MODE": "token"},  # said before Ray is asked: Ray would abort the process
+                             (f"ClusterConnectionError: cannot join the Ray cluster at {address}: this process has "
+                              "RAY_AUTH_MODE=token but no token")),
+                            ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "f" * len(token)},
+                             refusal + "the token this process has is not the cluster's")):
             started = time.monotonic()
             failed = subprocess.run([sys.executable, "-c", probe, address], env={**bare, **extra},
                                     capture_output=True, text=True, timeout=120, check=False)
             assert failed.returncode != 0
-            assert f"ClusterConnectionError: the Ray cluster at {address} requires token authentication and {why}" \
-                in failed.stderr, failed.stderr[-2000:]
+            assert says in failed.stderr, failed.stderr[-2000:]
             assert "RAY_AUTH_TOKEN=<token>" in failed.stderr and "Failed to connect" not in failed.stderr
             assert time.monotonic() - started < 60  # not Ray's 20-second retry loop before a bare message
         nobody = subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{_free_port()}"], env=bare,
