@@ -7,13 +7,16 @@ moves to the workers and the driver only slices actions and joins results, at th
 one Ray call per worker per step.
 
 Same server, same scripted policy (in the driver), same ``num_envs``; the layouts run in
-turn, ``--rounds`` times, each for ``--seconds``. A private Ray instance on this machine
-(``ray.init(num_cpus=...)``, no dashboard) hosts the workers; on a cluster the workers would
-be on other nodes and the driver's CPU figure is what stays on the training machine.
+turn, ``--rounds`` times, each for ``--seconds``. The workers run on a two-node Ray cluster
+started on this machine (``ray start --head`` and a second ``ray start --address``, each with
+``--cpus-per-node`` CPUs, token authentication: the tests' ``LocalCluster``), one CPU each,
+``SPREAD`` over the two nodes; ``--private`` uses a private Ray instance instead
+(``ray.init(num_cpus=...)``). On a real cluster the workers would be on other machines and the
+driver's CPU figure is what stays on the training machine.
 
 Usage::
 
-    python benchmarks/ray_vector.py                    # num_envs 256, workers 1 and 2
+    python benchmarks/ray_vector.py                    # num_envs 256, workers 1, 2 and 4
     python benchmarks/ray_vector.py --num-envs 64 --workers 1 2 4 --seconds 10
 
 Writes ``benchmarks/results/ray_vector.json``.
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' two-node cluster
 
 import harness
 from throughput import Settings, run_vector
@@ -36,10 +41,12 @@ from throughput import Settings, run_vector
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-envs", type=int, default=256)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--ray-cpus", type=int, default=2)
+    parser.add_argument("--cpus-per-node", type=int, default=2, help="CPUs of each of the two nodes")
+    parser.add_argument("--private", action="store_true", help="a private Ray instance instead of two nodes")
+    parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the private instance")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--name", default="ray_vector")
     return parser.parse_args(argv)
@@ -47,17 +54,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    import ray
+    cluster = None
+    if args.private:
+        import ray
+
+        # A private instance: "local" never joins a cluster a `ray start` on this machine recorded.
+        ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    else:
+        from tests.ray_cluster.cluster import LocalCluster, cluster_env
+
+        os.environ.update({k: v for k, v in cluster_env().items() if k != "PYTHONPATH"})  # before ray is imported
+        cluster = LocalCluster.start(workers=1, cpus=args.cpus_per_node)
+        import ray
 
     from nemo_gym_env.ray_cluster import RayVectorEnv
 
-    # A private instance: "local" never joins a cluster a `ray start` on this machine recorded.
-    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     settings = Settings([args.num_envs], min_seconds=args.seconds, max_seconds=args.seconds * 4)
     rows = harness.tasks()
     layouts: dict[str, Any] = {"local": None}
+    cpus = 0 if args.private else 1
     for n in args.workers:
-        layouts[f"ray x{n}"] = functools.partial(RayVectorEnv, num_workers=n, num_cpus_per_worker=0)
+        layouts[f"ray x{n}"] = functools.partial(RayVectorEnv, num_workers=n, num_cpus_per_worker=cpus)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
     try:
         with harness.launched() as procs:
@@ -71,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     runs[name].append(result)
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.stop()
     table = []
     summary = {}
     for name, results in runs.items():
@@ -91,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       round(s["step_s_median"], 4)])
     harness.print_table(["layout", "episodes", "errors", "episodes/s", "x local", "driver CPU ms/ep",
                          "server CPU ms/ep", "step median s"], table,
-                        title=f"RayVectorEnv vs NemoGymVectorEnv, num_envs={args.num_envs}, {args.rounds} rounds")
+                        title=f"RayVectorEnv vs NemoGymVectorEnv, num_envs={args.num_envs}, {args.rounds} rounds, "
+                              + ("a private Ray" if args.private else f"2 nodes x {args.cpus_per_node} CPUs"))
     results = {"machine": harness.machine(), "settings": vars(args) | {"out": None}, "summary": summary, "runs": runs}
     print(f"\nwrote {harness.write_results(args.name, results, args.out)}")
     return results

@@ -16,17 +16,18 @@ nothing beyond the standard library: server processes, the launcher and the env 
 Which side raises what:
 
 - the env and its user: :class:`ActionError` (a model turn the env cannot read),
-  :class:`ServerError` (a resources server failed or answered unusably); below it, the
-  transport's :class:`ConnectFailed` and :class:`TransportError`;
-- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout`,
-  :class:`McpError` (an MCP call failed, either way);
+  :class:`ServerError` (a resources server failed or answered unusably; :class:`VerifyFailed`
+  when its ``/verify`` reply judged nothing); below it, the transport's :class:`ConnectFailed`
+  and :class:`TransportError`;
+- the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout` (and
+  :class:`TaskLost`), :class:`McpError` (an MCP call failed, either way);
 - configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
   :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
 - data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
 - policies: :class:`PolicyError` (and :class:`PolicyTimeout`, :class:`EndpointUnreachable`),
   :class:`ModelProvisionError`, :class:`NoContinuation`;
-- scale-out and trainer adapters: :class:`WorkersLost`, :class:`NemoRLFormatError`,
-  :class:`RolloutFailed`;
+- scale-out and trainer adapters: :class:`ClusterConnectionError`, :class:`ClusterCapacityError`,
+  :class:`WorkersLost`, :class:`NemoRLFormatError`, :class:`RolloutFailed`;
 - the command line: :class:`UsageError`;
 - the rollout viewer and play pages: :class:`PageRequestError` (a request their API refuses),
   :class:`RowGoneError` (a file rewritten under the viewer's index).
@@ -45,6 +46,8 @@ from typing import Any
 __all__ = [
     "NemoGymError",
     "ActionError",
+    "ClusterCapacityError",
+    "ClusterConnectionError",
     "ConfigError",
     "ConnectFailed",
     "DatasetError",
@@ -65,10 +68,12 @@ __all__ = [
     "ServerError",
     "SessionLostError",
     "Stopped",
+    "TaskLost",
     "TaskTimeout",
     "TransportError",
     "UnknownServerError",
     "UsageError",
+    "VerifyFailed",
     "WorkersLost",
 ]
 
@@ -99,6 +104,22 @@ class ServerError(NemoGymError, RuntimeError):
         self.route = route
         self.task_index = task_index
         self.status_code = status_code
+
+
+class VerifyFailed(ServerError):
+    """``/verify`` answered, but with no judgement of the model (an infrastructure or task-row failure,
+    see :mod:`nemo_gym_env.protocol.failures`): the episode has no reward.
+
+    Attributes:
+        kind: The reply's ``failure_kind`` (``"masked"`` for a bare ``mask_sample: true``).
+        reply: The ``/verify`` reply as it came.
+    """
+
+    def __init__(self, message: str, *, server: str, route: str, kind: str, reply: dict[str, Any],
+                 task_index: int | None = None):
+        super().__init__(message, server=server, route=route, task_index=task_index)
+        self.kind = kind
+        self.reply = reply
 
 
 class ConnectFailed(NemoGymError):
@@ -136,6 +157,13 @@ class McpError(NemoGymError, RuntimeError):
         super().__init__(message)
         self.gone = gone
         self.timed_out = timed_out
+
+
+class TaskLost(TaskTimeout):
+    """The worker running a task was lost (its process killed, its node gone) before it answered.
+
+    A :class:`TaskTimeout` too: either way the task gave no result, and retrying it can succeed.
+    """
 
 
 # ---- configs, launching, the catalog ----------------------------------------------------------
@@ -255,6 +283,16 @@ class WorkersLost(NemoGymError, RuntimeError):
 
     def __reduce__(self) -> tuple:
         return type(self), (self.args[0], self.missing)
+
+
+class ClusterConnectionError(NemoGymError, ConnectionError):
+    """The Ray cluster cannot be joined: nothing listens at its address, or it wants a token this
+    process lacks; the message names the address, the cause and what to set."""
+
+
+class ClusterCapacityError(NemoGymError, RuntimeError):
+    """What was asked of the Ray cluster cannot fit in it (CPUs or GPUs); the message gives the numbers:
+    what is needed, what the cluster has, and what servers and other reservations already hold."""
 
 
 class NemoRLFormatError(NemoGymError, ValueError):

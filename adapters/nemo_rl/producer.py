@@ -194,7 +194,9 @@ class NemoGymRollouts:
         ``timing`` holds cumulative ``<timer_prefix>/await_results`` (seconds spent waiting for
         episodes), ``/postprocess_results`` and ``/postprocess_results_pct``: the last one
         yielded covers the whole batch. A row whose rollout fails ``max_attempts`` times raises
-        :class:`~nemo_gym_env.errors.RolloutFailed`, and an episode NeMo RL would reject raises
+        :class:`~nemo_gym_env.errors.RolloutFailed`, unless it was played to the end and only its
+        verifier could not judge it (a verify timeout, a lost verifier task): then its result has
+        ``mask_sample: true`` (out of the loss, as NeMo Gym does) and reward 0.0 that is no score; and an episode NeMo RL would reject raises
         :class:`~nemo_gym_env.errors.NemoRLFormatError`, both naming the row; the rollouts still
         in flight are cancelled. ``deduplicate_multimodal_data`` is accepted for NeMo RL's
         signature (text only here).
@@ -205,6 +207,9 @@ class NemoGymRollouts:
         if not rows:
             raise ValueError("the rollout batch must not be empty")
         self._spinup()
+        if isinstance(self._launcher, RayLauncher):  # a server placed again after its node was lost: follow it
+            moved = self._clients.retarget(self._launcher.urls)
+            self.servers.update({name: self._launcher.urls[name] for name in moved})
         jobs = [self._job(position, row) for position, row in enumerate(rows)]
         slots = asyncio.Semaphore(self.settings.concurrency)
         tensors = self._tensors()
@@ -254,11 +259,19 @@ class NemoGymRollouts:
 
     async def _play(self, job: RolloutJob) -> dict[str, Any]:
         reasons = []
+        row: dict[str, Any] = {}
         for _ in range(self.settings.max_attempts):
             row = await run_rollout(job, max_steps=self.settings.max_steps, turn_timeout_s=self.settings.turn_timeout_s)
             if not is_failure(row):
                 return row
             reasons.append(f"{row.get(FAILURE_CLASS_KEY)}: {row.get('failure_reason')}")
+        if row.get("failure_kind") and isinstance(row.get("response"), dict):
+            # Played to the end, but the verifier could not judge it on any attempt: NeMo Gym's way,
+            # the slot is filled and masked out of the loss (mask_sample), never scored as the model's.
+            log.warning("row %s (server %r): no judgement after %d attempt(s), masked: %s",
+                        job.row.get(ROW_INDEX_KEY, job.task_index), job.server, len(reasons), reasons[-1][:500])
+            return {**job.row, "response": row["response"], "reward": 0.0, "mask_sample": True,
+                    "failure_kind": row["failure_kind"], "failure_reason": row.get("failure_reason")}
         raise RolloutFailed(f"row {job.row.get(ROW_INDEX_KEY, job.task_index)} (server {job.server!r}) failed "
                             f"{len(reasons)} time(s); last: {reasons[-1][:1500]}")
 

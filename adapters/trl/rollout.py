@@ -293,13 +293,9 @@ class NemoGymRollout:
         steps: list[list[float] | None] = []
         for row in rows:
             completion, logprobs, mask = row.completion_ids, row.logprobs, row.env_mask
+            # A /verify reply that judged nothing (a verify timeout, mask_sample: true) failed the
+            # episode (row.error): out of the loss and of the group's baseline (no reward), not scored 0.
             verify = row.episode.verdict() if row.error is None else None
-            if verify is not None and verify.get("mask_sample") is True:
-                # An infrastructure failure the verifier flagged: out of the loss and out of the
-                # group's baseline (no reward), not scored 0.
-                row.fail(f"masked by the verifier: {verify.get('failure_kind') or ''} "
-                         f"{verify.get('failure_reason') or ''}".strip())
-                verify = None
             if row.error is not None or verify is None:
                 mask = [0] * len(completion)
                 if row.error is None:

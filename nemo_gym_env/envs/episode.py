@@ -9,9 +9,10 @@ from collections import OrderedDict
 from typing import Any
 
 from nemo_gym_env.client.resources import CookieJar, ResourcesClient
-from nemo_gym_env.errors import ServerError
+from nemo_gym_env.errors import ServerError, VerifyFailed
 from nemo_gym_env.protocol.dataset import input_items
 from nemo_gym_env.protocol.items import content_text, plain
+from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.keys import STEP_REWARD_SUM_KEY, STEP_REWARDS_KEY, VERIFY_REWARD_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
 from nemo_gym_env.protocol.outcomes import TOOL_CALL_ERRORS_KEY
@@ -110,7 +111,9 @@ class Episode:
     ``start`` seeds the session; ``play`` sends one model turn's tool calls in order and
     verifies when the turn has no tool call or ``max_steps`` is reached; ``finish`` verifies
     the episode as it stands. Server failures do not raise: they end the episode truncated,
-    with ``error`` set and ``info["error"]``.
+    with ``error`` set and ``info["error"]``. So does a ``/verify`` reply that judges nothing (an
+    infrastructure or task-row failure, :mod:`~nemo_gym_env.protocol.failures`): ``error`` is a
+    :class:`~nemo_gym_env.errors.VerifyFailed`, the step's reward 0.0 and ``info["mask_sample"]`` true.
 
     Step rewards: a tool reply may carry a step reward (the
     :data:`~nemo_gym_env.protocol.keys.STEP_REWARD_HEADER` header); a turn's step reward is the
@@ -291,6 +294,14 @@ class Episode:
         body = {**self.task, "response": self._response_json()}
         reply = await self.client.verify(body, self.cookies, task_index=self.task_index)
         self.last_verify = reply
+        failure = verdict_failure(reply)
+        if failure is not None:  # no judgement of the model: no reward, the episode fails (truncated)
+            verdict_info(reply, info)
+            info["mask_sample"] = True
+            if self.close_session:
+                await self._close_session()
+            raise VerifyFailed(failure[1], server=self.client.base_url, route="/verify", kind=failure[0],
+                               reply=reply, task_index=self.task_index)
         reward = float(reply["reward"])
         info.update({k: v for k, v in numeric_fields(reply).items() if k != "reward"})
         info["reward"] = reward

@@ -26,7 +26,10 @@ AGENT_REF_KEY = "agent_ref"
 
 FAILURE_CLASS_KEY = "_ng_failure_class"
 """Marks a failed rollout (NeMo Gym's sidecar key); its value says whose fault:
-``server_error``, ``policy_error`` or ``policy_timeout``."""
+``server_error``, ``policy_error`` or ``policy_timeout``. A ``server_error`` whose ``/verify``
+reply judged nothing (:mod:`nemo_gym_env.protocol.failures`) also carries that reply's
+``failure_kind`` and the episode (``response``); one whose server could not be reached when the
+episode began carries ``failure_kind: server_unreachable`` (nothing was played)."""
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 """The per-call training fields on the last output item of each model call (docs/architecture.md,

@@ -15,6 +15,15 @@ Ray streaming generator, one row per finished episode::
 Worker death (its process killed, its node lost): the rows it had already streamed are kept;
 its unfinished rollouts go back to the queue and run on the surviving workers; a row is never
 yielded twice. When every worker is gone, :class:`WorkersLost` names the rollouts left.
+
+Server loss: given a :class:`~nemo_gym_env.ray_cluster.RayLauncher` instead of URLs, the driver
+reads the launcher's current addresses as it goes and hands a moved server's new URL to every
+worker; rollouts that were playing on the lost server come back as failure rows with the reason
+(a resume plays them again), the next ones play on the new address.
+
+Before any worker starts, the workers' CPUs (and GPUs) are checked against what the cluster has
+free (:func:`~nemo_gym_env.ray_cluster.capacity.require`): a run that cannot fit fails at once with
+the numbers, instead of queueing workers, or starving a verifier's Ray tasks, without a word.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any
 
 from nemo_gym_env.errors import WorkersLost
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
+from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -37,7 +47,7 @@ from nemo_gym_env.ray_cluster.connection import (
     remote_class,
 )
 from nemo_gym_env.rollouts.identity import server_of, task_keys
-from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, run_rollout
+from nemo_gym_env.rollouts.jobs import UNREACHABLE, RolloutJob, ServerClients, apply_sampling, run_rollout
 from nemo_gym_env.rollouts.plan import route_row
 
 __all__ = ["WorkersLost", "ray_collect"]
@@ -74,6 +84,11 @@ class _RolloutWorker:
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
+    async def retarget(self, urls: dict[str, str]) -> list[str]:
+        """Servers placed again elsewhere: the rollouts that start from now on use ``urls``."""
+        self._server_urls.update(urls)
+        return self._clients.retarget(urls)
+
     async def run(self, chunk: list[tuple[Key, _Job]]) -> Any:
         """Play a chunk of rollouts; yield ``(key, row)`` for each finished one (an output or a failure row)."""
         if self._policy is None:
@@ -87,8 +102,14 @@ class _RolloutWorker:
 
         async def play(key: Key, spec: _Job) -> tuple[Key, dict[str, Any]]:
             async with self._slots:  # the worker's bound, over all its chunks in flight
-                return key, await run_rollout(job(spec), max_steps=settings["max_steps"],
-                                              turn_timeout_s=settings["turn_timeout_s"])
+                loop = asyncio.get_running_loop()
+                patience = loop.time() + settings["unreachable_wait_s"]
+                while True:
+                    row = await run_rollout(job(spec), max_steps=settings["max_steps"],
+                                            turn_timeout_s=settings["turn_timeout_s"])
+                    if row.get("failure_kind") != UNREACHABLE or loop.time() >= patience:
+                        return key, row
+                    await asyncio.sleep(1.0)  # nothing was played: again, on the server's address by then
 
         tasks = [asyncio.ensure_future(play(key, spec)) for key, spec in chunk]
         try:
@@ -110,7 +131,7 @@ class _Worker:
 def ray_collect(
     rows: Sequence[dict[str, Any]],
     policy_factory: Callable[[], Any],
-    server_urls: str | Mapping[str, str],
+    server_urls: str | Mapping[str, str] | Any,
     num_workers: int = 2,
     *,
     num_repeats: int = 1,
@@ -127,6 +148,7 @@ def ray_collect(
     timeout_s: float | None = None,
     address: str | None = None,
     on_worker_lost: Callable[[int, str], None] | None = None,
+    unreachable_wait_s: float = 180.0,
 ) -> Iterator[dict[str, Any]]:
     """Roll out every row ``num_repeats`` times on ``num_workers`` Ray workers; yield rows in order.
 
@@ -134,7 +156,9 @@ def ray_collect(
         rows: Task rows; a row's ``_ng_task_index`` is kept, otherwise its position is used.
         policy_factory: Builds the policy, once per worker, on the worker (so it must pickle:
             a module-level function or class, not a lambda over unpicklable state).
-        server_urls: One server URL, or ``{name: url}`` with rows routed by ``agent_ref.name``.
+        server_urls: One server URL, or ``{name: url}`` with rows routed by ``agent_ref.name``, or a
+            :class:`~nemo_gym_env.ray_cluster.RayLauncher` (its servers by name), whose addresses
+            the run follows when a server is placed again after its node was lost.
         num_workers: Ray workers (actors), spread over the nodes.
         num_repeats: Rollouts per task (``_ng_rollout_index`` 0..n-1).
         concurrency: Episodes in flight per worker.
@@ -153,6 +177,9 @@ def ray_collect(
         timeout_s: Give up (``TimeoutError``, naming the rollouts left) after this long.
         address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`).
         on_worker_lost: Called with (worker index, reason) when a worker dies.
+        unreachable_wait_s: Given a launcher, how long a rollout whose server cannot be reached
+            at its start (nothing was played) keeps trying, every second, on the server's current
+            address: a lost server being placed again costs only the rollouts that were playing on it.
 
     Yields:
         Output rows (the ``/verify`` reply with ``_ng_task_index``, ``_ng_task_key``,
@@ -160,6 +187,7 @@ def ray_collect(
         in the order of ``rows`` then rollout index, each exactly once.
 
     Raises:
+        ClusterCapacityError: The workers' CPUs or GPUs do not fit in what the cluster has free.
         WorkersLost: Every worker died with rollouts left (``missing`` holds their identities).
         TimeoutError: ``timeout_s`` passed with rollouts left.
     """
@@ -167,8 +195,14 @@ def ray_collect(
         raise ValueError("num_workers, concurrency and num_repeats must be >= 1")
     ray = import_ray()
     connect(address)
-    urls = {"server": server_urls} if isinstance(server_urls, str) else dict(server_urls)
-    urls = {name: url.rstrip("/") for name, url in urls.items()}
+    follow = server_urls if hasattr(server_urls, "urls") else None  # a RayLauncher: its current addresses
+
+    def current() -> dict[str, str]:
+        given = follow.urls if follow is not None else server_urls
+        mapping = {"server": given} if isinstance(given, str) else dict(given)
+        return {name: url.rstrip("/") for name, url in mapping.items()}
+
+    urls = current()
     done = set(skip)
     jobs: dict[Key, _Job] = {}
     for position, (row, key) in enumerate(zip(rows, task_keys(rows))):
@@ -183,10 +217,16 @@ def ray_collect(
     size = chunk_size or concurrency
     queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
     settings = {"concurrency": concurrency, "max_steps": max_steps, "request_timeout_s": request_timeout_s,
-                "turn_timeout_s": turn_timeout_s}
-    actor = remote_class(_RolloutWorker).options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
-                                    scheduling_strategy="SPREAD", max_restarts=0)
-    workers = [_Worker(actor.remote(policy_factory, urls, dict(routes or {}), settings), i) for i in range(num_workers)]
+                "turn_timeout_s": turn_timeout_s,
+                # Following a launcher: a server that cannot be reached is being placed again; wait for it.
+                "unreachable_wait_s": 0.0 if follow is None else unreachable_wait_s}
+    if jobs:
+        require(f"ray_collect: {num_workers} worker(s) of {num_cpus_per_worker:g} CPU and {num_gpus_per_worker:g} GPU",
+                [(num_cpus_per_worker, num_gpus_per_worker)] * num_workers, wait_s=5.0)
+    places = spread([(num_cpus_per_worker, num_gpus_per_worker)] * num_workers)  # the nodes in turn
+    workers = [_Worker(remote_class(_RolloutWorker).options(
+        num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, scheduling_strategy=place, max_restarts=0,
+    ).remote(policy_factory, urls, dict(routes or {}), settings), i) for i, place in enumerate(places)]
     finished: set[Key] = set()  # received from a worker (yielded, or waiting for its turn)
     waiting: dict[Key, dict[str, Any]] = {}
     next_at = 0
@@ -223,6 +263,12 @@ def ray_collect(
                 missing = left()
                 raise TimeoutError(f"ray_collect: {len(missing)} rollouts left after {timeout_s:g} s "
                                    f"(first: {missing[:5]})")
+            if follow is not None:
+                now = current()
+                if now != urls:  # a server was placed again: the rollouts that start next go there
+                    urls = now
+                    for worker in workers:
+                        worker.handle.retarget.remote(now)
             owners = {stream: worker for worker in workers for stream in worker.streams}
             ready, _ = ray.wait(list(owners), num_returns=len(owners), timeout=0)  # everything ready now...
             if not ready:

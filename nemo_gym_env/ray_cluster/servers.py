@@ -19,7 +19,19 @@ guarantees hold. A server outlives no actor: the actor's death (``ray.kill``, a 
 closes the pipe its server watches, and the server stops itself.
 
 Every server gets the cluster's address as ``ray_head_node_address`` (NeMo Gym's global key)
-unless its config sets one, so servers with a Ray path (``math``) verify with Ray tasks.
+unless its config sets one, so servers with a Ray path (``math``) verify with Ray tasks, in CPUs
+they reserve when they start (:class:`~nemo_gym_env.server.workers.RayRunner`).
+
+Resources: each server's actor holds the CPUs of the server's own processes (its
+``num_workers``, 1 by default; ``num_cpus=`` to change), so rollout workers started afterwards
+take only what is left, and a server that cannot be placed fails at start with the numbers.
+
+A lost node: a watcher thread checks every server each ``watch_interval_s`` (``GET /``, and its
+actor when that fails); a server whose node is gone is started again, with its spec, on a live
+node, and its :class:`RayServer` record takes the new address (``url``, ``node_id``, ``pid``...).
+:attr:`RayLauncher.urls`, the head server, ``ray_collect`` and ``RayVectorEnv`` given the
+launcher follow it; episodes that were in flight on the lost server fail with the reason.
+:attr:`RayLauncher.replacements` says what moved, where, and how long it took.
 
 The default host is the node's IP address, reachable from the other nodes (the launcher logs
 that such a server's routes are unauthenticated); pass ``host="127.0.0.1"`` for a one-machine
@@ -29,12 +41,17 @@ cluster.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
-from nemo_gym_env.errors import LaunchError
+from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.errors import ClusterCapacityError, LaunchError
 from nemo_gym_env.launch.config import ServerSpec
+from nemo_gym_env.ray_cluster.capacity import free_per_node, require, track
 from nemo_gym_env.ray_cluster.connection import (
     RAY_ADDRESS_KEY,
     connect,
@@ -101,7 +118,9 @@ class RayServer:
         pid: Its process id on its node.
         node_id: The Ray node it runs on.
         log_path: Its log file, on its node.
+        num_cpus: The CPUs its actor holds for it.
         restarts: Restarts so far (as of the last :meth:`RayLauncher.refresh`).
+        replaced: How many times it was started again on another node (its node was lost).
     """
 
     name: str
@@ -112,9 +131,12 @@ class RayServer:
     pid: int
     node_id: str
     log_path: str
+    num_cpus: float = 0.0
     restarts: int = 0
+    replaced: int = 0
     _status: str = field(default="running", repr=False)
     _actor: Any = field(default=None, repr=False)
+    _bind: tuple[str | None, int | None] = field(default=(None, None), repr=False)  # (host, port) as asked
 
     @property
     def status(self) -> str:
@@ -135,14 +157,19 @@ class RayLauncher:
         address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`); None joins the one
             this process is connected to, ``RAY_ADDRESS``, or ``ray.init()``'s default.
         host: Address the servers bind on their nodes; default: each node's IP address.
-        num_cpus: CPUs each server's actor reserves (0: servers do not count against the
-            CPUs that workers and tasks need; placement is by ``strategy``).
+        num_cpus: CPUs each server's actor holds for the server's processes; default: the
+            server's ``num_workers`` (1 when unset). 0 makes servers invisible to Ray's
+            accounting (workers and tasks may then crowd their node).
         strategy: Where servers go: ``"round_robin"`` (default: the alive nodes in turn, by
-            node id), or any Ray scheduling
+            node id, skipping nodes without the free CPUs), or any Ray scheduling
             strategy for the server actors (``"SPREAD"``, ``"DEFAULT"``, a strategy object).
         ready_timeout_s: How long a server may take to answer ``GET /``.
         auto_restart: Restart a server that exits, on the same node and port.
         call_timeout_s: Timeout of each call to a server's actor.
+        replace_lost: Start a server again on a live node when its node is lost.
+        watch_interval_s: How often the watcher checks each server.
+        on_replaced: Called with each record of :attr:`replacements` as it happens (on the
+            watcher's thread).
     """
 
     def __init__(
@@ -150,11 +177,14 @@ class RayLauncher:
         *,
         address: str | None = None,
         host: str | None = None,
-        num_cpus: float = 0.0,
+        num_cpus: float | None = None,
         strategy: Any = "round_robin",
         ready_timeout_s: float = 120.0,
         auto_restart: bool = True,
         call_timeout_s: float = 180.0,
+        replace_lost: bool = True,
+        watch_interval_s: float = 1.0,
+        on_replaced: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.gcs_address = connect(address)
         self.host = host
@@ -163,16 +193,33 @@ class RayLauncher:
         self.ready_timeout_s = ready_timeout_s
         self.auto_restart = auto_restart
         self.call_timeout_s = call_timeout_s
+        self.replace_lost = replace_lost
+        self.watch_interval_s = watch_interval_s
+        self.on_replaced = on_replaced
+        self.replacements: list[dict[str, Any]] = []
+        """One record per server started again elsewhere: ``name``, ``reason``, ``from_node``,
+        ``to_node``, ``from_url``, ``to_url``, ``replace_s`` (from the failed check to serving again)."""
         self._servers: dict[str, RayServer] = {}
         self._closed = False
         self._turn = 0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        track(self)
 
     # ---- the Launcher surface ----------------------------------------------------------------
 
     @property
     def servers(self) -> dict[str, RayServer]:
         """The servers started and not stopped, by instance name (a copy)."""
-        return dict(self._servers)
+        with self._lock:
+            return dict(self._servers)
+
+    @property
+    def urls(self) -> dict[str, str]:
+        """Each server's current base URL, by instance name (it changes when a server is re-placed)."""
+        with self._lock:
+            return {name: server.url for name, server in self._servers.items()}
 
     def start(self, spec: ServerSpec, *, host: str | None = None, port: int | None = None,
               node_id: str | None = None) -> RayServer:
@@ -200,26 +247,41 @@ class RayLauncher:
             if spec.instance_name in self._servers:
                 raise LaunchError(f"server {spec.instance_name!r} is already running at "
                                   f"{self._servers[spec.instance_name].url}; stop it first")
-        actors = [self._actor(node_id) for _ in specs]
-        calls = [a.start.remote(s, host or self.host, port) for a, s in zip(actors, specs)]
+        cpus = [self._cpus(spec) for spec in specs]
+        try:
+            require(f"RayLauncher: {len(specs)} server(s) ({', '.join(s.instance_name for s in specs)})",
+                    [(c, 0.0) for c in cpus], wait_s=10.0)
+        except ClusterCapacityError as exc:
+            raise LaunchError(str(exc)) from None
+        bind = (host or self.host, port)
+        actors = [self._actor(node_id, c) for c in cpus]
+        calls = [a.start.remote(s, *bind) for a, s in zip(actors, specs)]
         started: list[RayServer] = []
         try:
-            for actor, spec, call in zip(actors, specs, calls):
-                try:
-                    info = ray.get(call, timeout=self.ready_timeout_s + 60)
-                except Exception as exc:  # noqa: BLE001 - any failure of the remote start is a LaunchError
-                    raise LaunchError(f"server {spec.instance_name!r} could not be started on the Ray cluster: "
-                                      f"{remote_message(exc)}") from None
+            for actor, spec, call, c in zip(actors, specs, calls, cpus):
+                info = self._started(ray, spec, call)
                 started.append(RayServer(spec.instance_name, spec, info["host"], info["port"], info["url"],
-                                         info["pid"], info["node_id"], info["log_path"], _actor=actor))
+                                         info["pid"], info["node_id"], info["log_path"], num_cpus=c, _actor=actor,
+                                         _bind=bind))
         except BaseException:
             for actor in actors:
                 kill_actor(ray, actor)
             raise
-        for server in started:
-            self._servers[server.name] = server
-            logger.info("server %r on node %s at %s", server.name, server.node_id[:12], server.url)
+        with self._lock:
+            for server in started:
+                self._servers[server.name] = server
+                logger.info("server %r on node %s at %s", server.name, server.node_id[:12], server.url)
+        if self.replace_lost and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="RayLauncher watcher", daemon=True)
+            self._watcher.start()
         return started
+
+    def _started(self, ray: Any, spec: ServerSpec, call: Any) -> dict[str, Any]:
+        try:
+            return ray.get(call, timeout=self.ready_timeout_s + 60)
+        except Exception as exc:  # noqa: BLE001 - any failure of the remote start is a LaunchError
+            raise LaunchError(f"server {spec.instance_name!r} could not be started on the Ray cluster: "
+                              f"{remote_message(exc)}") from None
 
     def restart(self, name: str) -> RayServer:
         """Restart a server on its node and port."""
@@ -248,13 +310,15 @@ class RayLauncher:
             KeyError: ``name`` is not a server of this launcher.
         """
         ray = import_ray()
-        if name is None:
-            servers = list(self._servers.values())
-            self._servers.clear()
-        else:
-            if name not in self._servers:
-                raise KeyError(f"no server named {name!r} in this RayLauncher; running: {sorted(self._servers) or 'none'}")
-            servers = [self._servers.pop(name)]
+        with self._lock:
+            if name is None:
+                servers = list(self._servers.values())
+                self._servers.clear()
+            else:
+                if name not in self._servers:
+                    raise KeyError(f"no server named {name!r} in this RayLauncher; running: "
+                                   f"{sorted(self._servers) or 'none'}")
+                servers = [self._servers.pop(name)]
         stops = [s._actor.stop.remote() for s in servers]
         try:
             ray.wait(stops, num_returns=len(stops), timeout=timeout_s)
@@ -264,9 +328,12 @@ class RayLauncher:
                 kill_actor(ray, server._actor)
 
     def close(self) -> None:
-        """Stop every server; safe to call twice."""
+        """Stop the watcher and every server; safe to call twice."""
         if not self._closed:
             self._closed = True
+            self._stop.set()
+            if self._watcher is not None:
+                self._watcher.join(self.ready_timeout_s + 90)
             if self._servers:
                 self.stop()
 
@@ -296,17 +363,84 @@ class RayLauncher:
             return spec
         return replace(spec, config={**spec.config, RAY_ADDRESS_KEY: self.gcs_address})
 
-    def _actor(self, node_id: str | None) -> Any:
+    def _cpus(self, spec: ServerSpec) -> float:
+        if self.num_cpus is not None:
+            return float(self.num_cpus)
+        return float(max(1, int(spec.config.get("num_workers") or 1)))
+
+    def _actor(self, node_id: str | None, cpus: float, avoid: str | None = None) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         strategy = self.strategy
         if node_id is not None:
             strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-        elif strategy == "round_robin":
+        elif strategy == "round_robin" or avoid is not None:
             # Ray's SPREAD (and soft node affinity) is best effort and stacked zero-CPU actors in our
-            # tests: pin each server to the next alive node.
-            nodes = sorted(n["NodeID"] for n in import_ray().nodes() if n["Alive"])
-            strategy = NodeAffinitySchedulingStrategy(node_id=nodes[self._turn % len(nodes)], soft=False)
+            # tests: pin each server to the next alive node that has the CPUs free.
+            nodes = sorted(n["NodeID"] for n in import_ray().nodes() if n["Alive"] and n["NodeID"] != avoid)
+            if not nodes:
+                raise LaunchError("no live Ray node to place the server on")
+            free = free_per_node()
+            fitting = [n for n in nodes if free.get(n, {}).get("CPU", 0.0) + 1e-9 >= cpus] or nodes
+            strategy = NodeAffinitySchedulingStrategy(node_id=fitting[self._turn % len(fitting)], soft=False)
             self._turn += 1
-        return remote_class(_ServerHost).options(num_cpus=self.num_cpus, scheduling_strategy=strategy,
+        return remote_class(_ServerHost).options(num_cpus=cpus, scheduling_strategy=strategy,
                                      max_restarts=0).remote(self.ready_timeout_s, self.auto_restart)
+
+    # ---- lost nodes ------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """The watcher thread: a server that fails two checks in a row is started again elsewhere."""
+        strikes: dict[str, int] = {}
+        while not self._stop.wait(self.watch_interval_s):
+            for server in self.servers.values():
+                if self._stop.is_set():
+                    return
+                if self._alive(server):
+                    strikes.pop(server.name, None)
+                    continue
+                strikes[server.name] = strikes.get(server.name, 0) + 1
+                if strikes[server.name] >= 2:
+                    try:
+                        self._replace(server, f"{server.url} stopped answering and its Ray actor is gone")
+                        strikes.pop(server.name, None)
+                    except Exception:  # logged; the next round tries again
+                        logger.exception("could not place server %r again", server.name)
+
+    def _alive(self, server: RayServer) -> bool:
+        """Its ``GET /`` answers, or (restarting on its node) its actor does."""
+        if background_loop().run(ResourcesClient(server.url, timeout_s=3.0).health(timeout_s=3.0), timeout=10):
+            return True
+        ray = import_ray()
+        try:
+            ray.get(server._actor.status.remote(), timeout=3.0)
+        except Exception:  # noqa: BLE001 - a dead actor, a lost node, or no answer in time
+            return False
+        return True
+
+    def _replace(self, server: RayServer, reason: str) -> None:
+        """Start ``server`` again, with its spec, on another live node; its record takes the new address."""
+        ray = import_ray()
+        began = time.monotonic()
+        logger.warning("server %r on node %s is lost (%s); placing it again", server.name, server.node_id[:12], reason)
+        kill_actor(ray, server._actor)
+        actor = self._actor(None, server.num_cpus, avoid=server.node_id)
+        try:
+            info = self._started(ray, server.spec, actor.start.remote(server.spec, *server._bind))
+        except BaseException:
+            kill_actor(ray, actor)
+            raise
+        record = {"name": server.name, "reason": reason, "from_node": server.node_id, "to_node": info["node_id"],
+                  "from_url": server.url, "to_url": info["url"], "replace_s": round(time.monotonic() - began, 3)}
+        with self._lock:
+            if self._servers.get(server.name) is not server or self._closed:  # stopped meanwhile
+                kill_actor(ray, actor)
+                return
+            server.host, server.port, server.url, server.pid = info["host"], info["port"], info["url"], info["pid"]
+            server.node_id, server.log_path, server._actor = info["node_id"], info["log_path"], actor
+            server.restarts, server.replaced, server._status = 0, server.replaced + 1, "running"
+            self.replacements.append(record)
+        logger.warning("server %r placed again on node %s at %s in %.1f s", server.name, server.node_id[:12],
+                       server.url, record["replace_s"])
+        if self.on_replaced is not None:
+            self.on_replaced(record)

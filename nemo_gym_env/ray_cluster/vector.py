@@ -14,8 +14,14 @@ order. The policy stays in the driver, as with any vector env::
 
 With ``base_url`` (one URL, or the URLs of identical servers, e.g. placed by
 :class:`~nemo_gym_env.ray_cluster.RayLauncher`) every worker talks to those servers, sub-env
-``i`` pinned to ``base_url[i % len(base_url)]`` as in the local env. Without it, every worker
-starts the bundled server on its own node.
+``i`` pinned to ``base_url[i % len(base_url)]`` as in the local env. ``base_url`` may be the
+``RayLauncher`` itself (its servers, by name): a server it places again after its node was lost
+is followed, each episode that starts afterwards plays on the new address. Without it, every
+worker starts the bundled server on its own node.
+
+Before any worker starts, their CPUs are checked against what the cluster has free
+(:func:`~nemo_gym_env.ray_cluster.capacity.require`): an env that cannot fit fails at once with the
+numbers.
 
 A step is checked on every worker before any worker plays it: a bad action (naming its
 sub-env by its index in the whole env) raises and changes nothing.
@@ -39,10 +45,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.registration import server_name
 from nemo_gym_env.envs.vector import NemoGymVectorEnv
 from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError
+from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
     connect,
     import_ray,
@@ -71,6 +79,16 @@ class _ShardWorker:
         import ray  # the optional dependency: only inside a Ray worker
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def retarget(self, urls: list[str]) -> None:
+        """The servers' current URLs (in this shard's order): episodes that start from now on use them."""
+        clients = self.env.clients
+        for k, url in enumerate(urls[:len(clients)]):
+            old = clients[k]
+            if old.base_url != url.rstrip("/"):
+                clients[k] = ResourcesClient(url, timeout_s=old.timeout_s, verify_timeout_s=old.verify_timeout_s,
+                                             connect_retries=old.connect_retries, max_in_flight=old.http.max_in_flight)
+        self.env.client = clients[0]
 
     def spaces(self) -> tuple[Any, Any]:
         return self.env.single_observation_space, self.env.single_action_space
@@ -131,7 +149,9 @@ class RayVectorEnv(NemoGymVectorBase):
         num_envs: Sub-envs in all.
         num_workers: Ray workers (actors); sub-envs are split into this many contiguous shards.
         base_url: A running server's URL or a list of identical servers' URLs, reachable from
-            every worker. Without it each worker starts the bundled ``server`` on its node.
+            every worker, or a :class:`~nemo_gym_env.ray_cluster.RayLauncher` whose servers (by
+            name) are followed when one is placed again. Without it each worker starts the
+            bundled ``server`` on its node.
         dataset: Task rows (a list, sent to the workers) or a JSONL path that exists on every node.
         autoreset_mode: As :class:`~nemo_gym_env.envs.vector.NemoGymVectorEnv`.
         num_cpus_per_worker: CPUs each worker reserves (spreads the workers over the nodes).
@@ -147,7 +167,7 @@ class RayVectorEnv(NemoGymVectorBase):
         num_envs: int = 2,
         num_workers: int = 2,
         *,
-        base_url: str | Sequence[str] | None = None,
+        base_url: str | Sequence[str] | Any | None = None,
         dataset: str | Path | Sequence[dict[str, Any]] | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         num_cpus_per_worker: float = 1.0,
@@ -167,22 +187,26 @@ class RayVectorEnv(NemoGymVectorBase):
         self.call_timeout_s = call_timeout_s
         self._ray = import_ray()
         connect(address)
+        self._follow = base_url if hasattr(base_url, "urls") else None  # a RayLauncher: its current addresses
+        if self._follow is not None:
+            base_url = self._launcher_urls()
         urls = None if base_url is None else [base_url] if isinstance(base_url, str) else [str(u) for u in base_url]
         if urls is not None and not urls:
             raise ValueError("base_url is an empty list; give at least one server URL")
         self._urls = urls
+        require(f"RayVectorEnv: {num_workers} worker(s) of {num_cpus_per_worker:g} CPU",
+                [(num_cpus_per_worker, 0.0)] * num_workers, wait_s=5.0)
         self._env_kwargs = {"server": server, "dataset": list(dataset) if isinstance(dataset, Sequence)
                             and not isinstance(dataset, str) else dataset,
                             "autoreset_mode": self.autoreset_mode, **env_kwargs}
-        self._actor = remote_class(_ShardWorker).options(num_cpus=num_cpus_per_worker, scheduling_strategy="SPREAD",
-                                              max_restarts=0)
+        self._cpus = num_cpus_per_worker
         parts = np.array_split(np.arange(num_envs), num_workers)  # the first num_envs % num_workers get one more
         self.shards = [_Shard(k, int(part[0]), int(part[-1]) + 1) for k, part in enumerate(parts)]
         self.lost_workers: list[tuple[int, str]] = []
         """(shard index, reason) for every worker that died and was replaced."""
         try:
-            for shard in self.shards:
-                self._spawn(shard)
+            for shard, place in zip(self.shards, spread([(num_cpus_per_worker, 0.0)] * num_workers)):
+                self._spawn(shard, place)  # the nodes in turn
             spaces = [self._ray.get(s.handle.spaces.remote(), timeout=call_timeout_s) for s in self.shards]
         except lost_worker_errors(self._ray) as exc:
             self.close()
@@ -302,20 +326,41 @@ class RayVectorEnv(NemoGymVectorBase):
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _spawn(self, shard: _Shard) -> None:
+    def _spawn(self, shard: _Shard, place: Any = None) -> None:
         kwargs = dict(self._env_kwargs)
-        if self._urls is not None:  # keep the whole env's pinning: sub-env i on urls[i % n]
-            turn = shard.start % len(self._urls)
-            kwargs["base_url"] = self._urls[turn:] + self._urls[:turn]
-        shard.handle = self._actor.remote(kwargs, shard.size, shard.start)
+        if self._urls is not None:
+            kwargs["base_url"] = self._shard_urls(shard)
+        place = place or spread([(self._cpus, 0.0)])[0]
+        shard.handle = remote_class(_ShardWorker).options(num_cpus=self._cpus, scheduling_strategy=place,
+                                                          max_restarts=0).remote(kwargs, shard.size, shard.start)
         shard.needs_reset = [True] * shard.size
 
     def _get(self, ref: Any) -> Any:
         return self._ray.get(ref, timeout=self.call_timeout_s)
 
+    def _launcher_urls(self) -> list[str]:
+        return [url for _, url in sorted(self._follow.urls.items())]
+
+    def _shard_urls(self, shard: _Shard) -> list[str]:
+        assert self._urls is not None
+        turn = shard.start % len(self._urls)  # the whole env's pinning: sub-env i on urls[i % n]
+        return self._urls[turn:] + self._urls[:turn]
+
+    def _follow_servers(self) -> None:
+        """A server the launcher placed again: every worker's next episodes go to its new address."""
+        urls = self._launcher_urls()
+        if urls == self._urls:
+            return
+        self._urls = urls
+        for shard in self.shards:
+            if shard.handle is not None:
+                shard.handle.retarget.remote(self._shard_urls(shard))  # before the call that follows
+
     def _fan_out(self, calls: Mapping[int, tuple[str, tuple]]) -> dict[int, Any]:
         """Call ``method(*args)`` on the given shards' workers at once; a lost worker's result
         is the reason (a str), and the shard has a new worker already."""
+        if self._follow is not None:
+            self._follow_servers()
         refs = {k: getattr(self.shards[k].handle, method).remote(*args) for k, (method, args) in calls.items()}
         out: dict[int, Any] = {}
         for k, ref in refs.items():

@@ -2,7 +2,9 @@
 
 :func:`run_rollout` plays one :class:`RolloutJob` (seed, policy turns and tool calls, verify)
 and never raises for a failing policy or server: it returns a failure row instead (see
-:data:`~nemo_gym_env.protocol.keys.FAILURE_CLASS_KEY`). :func:`collect_jobs` runs many,
+:data:`~nemo_gym_env.protocol.keys.FAILURE_CLASS_KEY`), also for a ``/verify`` reply that
+judged nothing (a verify timeout, a lost verifier: :mod:`~nemo_gym_env.protocol.failures`),
+which is never a row with reward 0. :func:`collect_jobs` runs many,
 ``concurrency`` at a time, drawing jobs lazily; :func:`collect` is the one-server shortcut::
 
     async for row in collect(rows, ScriptedPolicy("example_multi_step"), url, num_repeats=4):
@@ -19,7 +21,7 @@ from typing import Any
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.traits import open_episode, server_traits
-from nemo_gym_env.errors import ActionError, PolicyTimeout, ServerError
+from nemo_gym_env.errors import ActionError, ConnectFailed, PolicyTimeout, ServerError, VerifyFailed
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
@@ -30,7 +32,7 @@ from nemo_gym_env.protocol.keys import (
 )
 from nemo_gym_env.rollouts.identity import server_of, task_key, task_keys
 
-__all__ = ["DEADLINE_GRACE_S", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+__all__ = ["DEADLINE_GRACE_S", "UNREACHABLE", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
 
 DEADLINE_GRACE_S = 1.0
 """How long past ``turn_timeout_s`` a turn is cut off here: a policy that keeps the deadline itself
@@ -73,6 +75,17 @@ class ServerClients:
             client = self._clients[name] = ResourcesClient(self.urls[name], timeout_s=self.timeout_s,
                                                           verify_timeout_s=self.timeout_s)
         return client
+
+    def retarget(self, urls: Mapping[str, str]) -> list[str]:
+        """Point servers at new URLs (a server placed again elsewhere); returns the names that moved.
+
+        Rollouts already playing keep the client they started with; the next ones use the new URL.
+        """
+        moved = [name for name, url in urls.items() if self.urls.get(name) != url]
+        for name in moved:
+            self.urls[name] = urls[name]
+            self._clients.pop(name, None)
+        return moved
 
 
 @dataclass
@@ -117,8 +130,23 @@ def _stamp(job: RolloutJob, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _failure(job: RolloutJob, kind: str, reason: str) -> dict[str, Any]:
-    return _stamp(job, {FAILURE_CLASS_KEY: kind, "failure_reason": reason[:2000], "server_url": job.client.base_url})
+UNREACHABLE = "server_unreachable"
+"""``failure_kind`` of a failure row whose server could not be reached when the episode began: nothing
+was sent or played, so the rollout can be played again as it is (``ray_collect`` does, while it waits
+for a lost server to be placed again)."""
+
+
+def _failure(job: RolloutJob, kind: str, reason: str, **extra: Any) -> dict[str, Any]:
+    return _stamp(job, {FAILURE_CLASS_KEY: kind, "failure_reason": reason[:2000], "server_url": job.client.base_url,
+                        **extra})
+
+
+def _verify_failure(job: RolloutJob, error: VerifyFailed) -> dict[str, Any]:
+    """A ``/verify`` reply that judged nothing: a failure row with its kind and the episode, never a reward."""
+    extra: dict[str, Any] = {"failure_kind": error.kind}
+    if "response" in error.reply:
+        extra["response"] = error.reply["response"]  # what was played, for whoever looks into it
+    return _failure(job, "server_error", str(error), **extra)
 
 
 async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None,
@@ -140,6 +168,8 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
         episode = open_episode(traits, job.client, job.row, job.task_index, max_steps, episode_reward=episode_reward)
         observation, info = await episode.start()
     except ServerError as exc:
+        if isinstance(exc.__cause__, ConnectFailed):  # nothing reached the server: safe to play again at once
+            return _failure(job, "server_error", str(exc), failure_kind=UNREACHABLE)
         return _failure(job, "server_error", str(exc))
     sampling = info["sampling"]
     while not episode.done:
@@ -173,6 +203,8 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
         except Exception as exc:  # noqa: BLE001 - a failing policy fails this rollout, not the run
             return _failure(job, "policy_error", f"{where}: {type(exc).__name__}: {exc}")
         await episode.play(items)
+    if isinstance(episode.error, VerifyFailed):
+        return _verify_failure(job, episode.error)
     if episode.error is not None or episode.last_verify is None:
         return _failure(job, "server_error", str(episode.error or "the episode ended without a verify reply"))
     return _stamp(job, episode.verdict())

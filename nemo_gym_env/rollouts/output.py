@@ -2,9 +2,12 @@
 
 Output rows are NeMo Gym's: the ``/verify`` reply plus ``_ng_task_index`` and
 ``_ng_rollout_index``. A failed rollout goes to the ``<output stem>_failures.jsonl`` sidecar,
-as NeMo Gym does, so that ``--resume`` retries it. Rows are appended and flushed one by one
-(fsync every few seconds): a kill -9 loses only the rollouts in flight, and
-:class:`RolloutWriter` drops the torn last line such a kill can leave.
+as NeMo Gym does, so that ``--resume`` retries it; so does a ``/verify`` reply that judged
+nothing (:mod:`~nemo_gym_env.protocol.failures`), which is never written as a row with reward 0.
+The sidecar holds what is still failed: when a resume is opened and when a writer closes, it
+keeps the last failure of each rollout the output lacks and drops the rest. Rows are appended
+and flushed one by one (fsync every few seconds): a kill -9 loses only the rollouts in flight,
+and :class:`RolloutWriter` drops the torn last line such a kill can leave.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from nemo_gym_env.errors import RolloutFileError
+from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import RowKey, legacy_key, row_identity
 from nemo_gym_env.system.redaction import REDACTED, redact
@@ -24,6 +28,7 @@ from nemo_gym_env.system.redaction import REDACTED, redact
 __all__ = [
     "RolloutFileError",
     "RolloutWriter",
+    "as_failure",
     "failures_path",
     "is_failure",
     "metrics_path",
@@ -45,8 +50,19 @@ def metrics_path(output: str | Path) -> Path:
 
 
 def is_failure(row: Mapping[str, Any]) -> bool:
-    """Whether a yielded row is a failed rollout (goes to the failures sidecar)."""
-    return row.get(FAILURE_CLASS_KEY) is not None
+    """Whether a row is a failed rollout (goes to the failures sidecar): a failure row, or a
+    ``/verify`` reply that judged nothing (:func:`~nemo_gym_env.protocol.failures.verdict_failure`)."""
+    return row.get(FAILURE_CLASS_KEY) is not None or verdict_failure(row) is not None
+
+
+def as_failure(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A failed rollout as the sidecar holds it: a failure row as it is; a ``/verify`` reply that judged
+    nothing becomes one (its class ``server_error``, its ``failure_kind``, the episode), without its reward."""
+    if row.get(FAILURE_CLASS_KEY) is not None:
+        return dict(row)
+    kind, reason = verdict_failure(row) or ("unknown", "not a rollout row")
+    kept = {k: v for k, v in row.items() if str(k).startswith("_ng_") or k in ("agent_ref", "response")}
+    return {**kept, FAILURE_CLASS_KEY: "server_error", "failure_kind": kind, "failure_reason": reason}
 
 
 def scan_rollouts(path: Path, keep: Callable[[dict[str, Any]], None]) -> tuple[int, int]:
@@ -100,6 +116,11 @@ def read_rollouts(path: str | Path, *, repair: bool = False) -> tuple[list[dict[
     if size > good and repair:
         _truncate(Path(path), good)
     return rows, size - good
+
+
+def _identity(row: Any) -> Any:
+    """A row's identity, or its legacy key when it has no task key (None: neither)."""
+    return row_identity(row) or legacy_key(row)
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -169,18 +190,26 @@ class RolloutWriter:
         self.resumed_rows = 0
         self.torn_bytes = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._failed: set[Any] = set()  # identities in the sidecar
+        self._stale = False  # the sidecar holds a failure that a later row or failure replaced
         if resume and self.path.exists():
-            good, size = scan_rollouts(self.path, self._remember)
+            unjudged: list[dict[str, Any]] = []
+            good, size = scan_rollouts(self.path, lambda row: unjudged.append(row) if is_failure(row)
+                                       else self._remember(row))
             if size > good:
                 _truncate(self.path, good)
             self.torn_bytes = size - good
             self.resumed_rows = len(self.done) + len(self.done_legacy)
             _cut_torn_tail(self.failures_path)
+            if unjudged:  # written as rewards by an older version: they move to the sidecar and are retried
+                self._move_to_sidecar(unjudged)
+            self._compact_failures()
         elif not resume:
             self.path.write_bytes(b"")
             self.failures_path.unlink(missing_ok=True)
         else:
             _cut_torn_tail(self.failures_path)
+            self._compact_failures()
         self._out: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 - held until close()
         self._failures: IO[bytes] | None = None
         self._last_sync = time.monotonic()
@@ -197,14 +226,17 @@ class RolloutWriter:
         if self._out is None:
             raise ValueError("this RolloutWriter is closed")
         if is_failure(row):
-            row = {**row, "failure_reason": self._clean(str(row.get("failure_reason", "")))}
+            row = as_failure(row)
+            row["failure_reason"] = self._clean(str(row.get("failure_reason", "")))
             if self._failures is None:
                 self._failures = open(self.failures_path, "ab")  # noqa: SIM115 - held until close()
             handle = self._failures
             self.failed += 1
+            self._note_failure(row)
         else:
             handle = self._out
             self._remember(row)
+            self._stale = self._stale or _identity(row) in self._failed
             self.written += 1
         handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
         handle.flush()
@@ -227,7 +259,7 @@ class RolloutWriter:
         self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        """fsync and close; safe to call twice."""
+        """fsync and close, leaving in the sidecar only what is still failed; safe to call twice."""
         if self._out is None:
             return
         self.sync()
@@ -235,6 +267,70 @@ class RolloutWriter:
             if handle is not None:
                 handle.close()
         self._out = self._failures = None
+        if self._stale:
+            self._compact_failures()
+
+    def _note_failure(self, row: Mapping[str, Any]) -> None:
+        identity = _identity(row)
+        if identity is not None:
+            self._stale = self._stale or identity in self._failed
+            self._failed.add(identity)
+
+    def _is_written(self, identity: Any) -> bool:
+        return identity in self.done or identity in self.done_legacy
+
+    def _compact_failures(self) -> None:
+        """Rewrite the sidecar with the last failure of each rollout the output lacks (atomically)."""
+        if not self.failures_path.exists():
+            return
+        lines: list[tuple[Any, bytes]] = []
+        last: dict[Any, int] = {}
+        with open(self.failures_path, "rb") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    identity = _identity(json.loads(line))
+                except ValueError:
+                    identity = None  # kept as it is: not ours to judge
+                if identity is not None:
+                    last[identity] = len(lines)
+                lines.append((identity, line))
+        kept = [line for n, (identity, line) in enumerate(lines)
+                if identity is None or (last[identity] == n and not self._is_written(identity))]
+        self._failed = {identity for identity, _ in lines if identity is not None and not self._is_written(identity)}
+        self._stale = False
+        if len(kept) == len(lines):
+            return
+        if not kept:
+            self.failures_path.unlink()
+            return
+        temporary = self.failures_path.with_name(self.failures_path.name + ".tmp")
+        with open(temporary, "wb") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.failures_path)
+
+    def _move_to_sidecar(self, rows: list[dict[str, Any]]) -> None:
+        """Take rows that are no judgement of the model out of the output and append them to the sidecar."""
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(self.path, "rb") as source, open(temporary, "wb") as target:
+            for line in source:
+                try:
+                    row = json.loads(line) if line.strip() else None
+                except ValueError:
+                    row = None
+                if row is None or not is_failure(row):
+                    target.write(line)
+            target.flush()
+            os.fsync(target.fileno())
+        with open(self.failures_path, "ab") as sidecar:
+            for row in rows:
+                sidecar.write((json.dumps(as_failure(row), ensure_ascii=False) + "\n").encode("utf-8"))
+            sidecar.flush()
+            os.fsync(sidecar.fileno())
+        os.replace(temporary, self.path)
 
     def _clean(self, text: str) -> str:
         text = redact(text)

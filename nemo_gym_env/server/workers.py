@@ -30,11 +30,12 @@ from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from nemo_gym_env.errors import TaskTimeout
+from nemo_gym_env.errors import TaskLost, TaskTimeout
 
 __all__ = [
     "ProcessPoolRunner",
     "RayRunner",
+    "TaskLost",
     "TaskRunner",
     "TaskTimeout",
     "default_workers",
@@ -177,71 +178,205 @@ def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
 
 
 class RayRunner(TaskRunner):
-    """Ray tasks on a cluster (``address`` as for ``ray.init``: ``"auto"``, ``"ray://host:10001"``, ...).
+    """Ray workers on a cluster (``address`` as for ``ray.init``: ``"auto"``, ``"ray://host:10001"``, ...),
+    in CPUs the runner reserves for them.
 
-    A task that overruns its limit is cancelled with ``force=True``, which kills its worker.
-    ``ray`` is imported here, not at module import, so it stays an optional dependency.
+    :meth:`start` joins the cluster, reserves a placement group of ``slots`` bundles of
+    ``num_cpus`` each, ``SPREAD`` over the nodes, and starts one worker (a Ray actor) in each
+    bundle, its initializer run there. The CPUs the tasks need are held before anything else on
+    the cluster (rollout workers that take every free CPU, say) can starve them, at most
+    ``slots`` tasks run at a time, and a task's time limit counts from when its worker is up and
+    idle: starting a process and importing (seconds on a cold, loaded node) is never charged to
+    a task, neither to the first ones nor to the one after a worker was replaced. A reservation
+    the cluster cannot hold fails :meth:`start` with the numbers. The reservation goes with the
+    process (Ray removes a job's placement groups when its driver exits) or with :meth:`aclose`.
+
+    A task that overruns its limit raises :class:`TaskTimeout` and its worker is killed; a worker
+    lost while it runs a task (its process killed, its node gone) raises :class:`TaskLost`. Either
+    way the task gave no result, and the bundle gets a fresh worker for the next task (on a live
+    node: Ray places a lost node's bundles again). ``ray`` is imported here, not at module
+    import, so it stays an optional dependency.
 
     Args:
         address: The cluster to join; ``"local"`` starts a private one.
         num_cpus: CPUs reserved per task.
-        initializer: Run once in each Ray worker process before its first task (imports,
-            warm-up), as ``ProcessPoolRunner``'s initializer, so that cost is not charged to
-            the first task a fresh worker takes.
+        slots: Tasks that may run at once (the bundles reserved, one worker each).
+        label: Who reserves, in the placement group's name and in errors (``"math verifier"``).
+        reserve_timeout_s: How long to wait for the cluster to place the reservation, and for a
+            worker to start (a task whose worker cannot start in that time raises :class:`TaskLost`).
+        initializer: Run once in each worker process before its first task (imports, warm-up),
+            as ``ProcessPoolRunner``'s initializer.
     """
 
-    def __init__(self, address: str, *, num_cpus: float = 1.0, initializer: Callable[[], Any] | None = None):
+    def __init__(self, address: str, *, num_cpus: float = 1.0, slots: int = 1, label: str = "verifier",
+                 reserve_timeout_s: float = 60.0, initializer: Callable[[], Any] | None = None):
         missing = ray_missing_message()
         if missing:
             raise RuntimeError(missing)
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         self.address = address
         self.num_cpus = num_cpus
+        self.slots = slots
+        self.label = label
+        self.reserve_timeout_s = reserve_timeout_s
         self._initializer = initializer
         self._ray = importlib.import_module("ray")
-        self._remotes: dict[Callable[..., Any], Any] = {}
-        self._started = False
+        self._group: Any = None
+        self._idle: asyncio.Queue[_RaySlot] | None = None
+        self._slots: list[_RaySlot] = []
+        self._lock = asyncio.Lock()
+        self.workers_started = 0
+        """Workers (actors) started so far: ``slots`` at start, one more for each one replaced."""
 
     async def start(self) -> None:
-        """Join the cluster (once)."""
-        if not self._started:
-            if not self._ray.is_initialized():
-                await asyncio.to_thread(
-                    self._ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False
-                )
-            self._started = True
+        """Join the cluster, reserve the tasks' CPUs and start a worker in each bundle (once).
+
+        Raises:
+            RuntimeError: The cluster cannot hold the reservation within ``reserve_timeout_s``
+                (the message says how many CPUs it has and how many are free).
+        """
+        async with self._lock:
+            if self._group is not None:
+                return
+            ray = self._ray
+            if not ray.is_initialized():
+                await asyncio.to_thread(ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False)
+            name = f"nemo_gym_env {self.label} (pid {os.getpid()})"
+            group = ray.util.placement_group([{"CPU": self.num_cpus}] * self.slots, strategy="SPREAD", name=name)
+            try:
+                await asyncio.to_thread(ray.get, group.ready(), timeout=self.reserve_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a timeout, or a cluster that went away: both say the same
+                ray.util.remove_placement_group(group)
+                total = ray.cluster_resources().get("CPU", 0.0)
+                free = ray.available_resources().get("CPU", 0.0)
+                raise RuntimeError(
+                    f"{self.label}: cannot reserve {self.slots * self.num_cpus:g} CPU(s) for its Ray tasks "
+                    f"({self.slots} x {self.num_cpus:g}) on the cluster at {self.address} within "
+                    f"{self.reserve_timeout_s:g} s ({type(exc).__name__}): the cluster has {total:g} CPU(s), "
+                    f"{free:g} free; start this server before the rollout workers, ask for fewer task slots, "
+                    "or add nodes") from None
+            self._group = group
+            self._slots = [_RaySlot(index) for index in range(self.slots)]
+            self._idle = asyncio.Queue()
+            for slot in self._slots:
+                self._idle.put_nowait(slot)
+            # Every worker up before the first task; one that cannot start yet is tried again by run().
+            for outcome in await asyncio.gather(*(self._up(slot) for slot in self._slots), return_exceptions=True):
+                if isinstance(outcome, TaskLost):
+                    logger.warning("%s", outcome)
+                elif isinstance(outcome, BaseException):
+                    raise outcome
 
     async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        """``fn(*args)`` as a Ray task; cancelled (worker killed) after ``timeout_s``."""
+        """``fn(*args)`` on an idle worker of the reservation, limited to ``timeout_s`` from when it runs there.
+
+        Raises:
+            TaskTimeout: It did not finish in time; its worker was killed (a fresh one takes its place).
+            TaskLost: Its worker died, or no worker could be started within ``reserve_timeout_s``.
+        """
         await self.start()
-        remote = self._remotes.get(fn)
-        if remote is None:
-            # SPREAD: verification fans out over every node's CPUs (NeMo Gym's advice for CPU-heavy tasks).
-            remote = self._remotes[fn] = self._ray.remote(_warm_call).options(
-                num_cpus=self.num_cpus, max_retries=0, scheduling_strategy="SPREAD"
-            )
-        ref = remote.remote(self._initializer, fn, *args)
-        future = asyncio.wrap_future(ref.future())
-        done, _ = await asyncio.wait({future}, timeout=timeout_s)
-        if not done:
+        assert self._idle is not None
+        slot = await self._idle.get()
+        try:
+            handle = await self._up(slot)  # a worker started now is not charged to the task
+            ref = handle.call.remote(fn, *args)
+            future = _quiet(asyncio.wrap_future(ref.future()))
+            done, _ = await asyncio.wait({future}, timeout=timeout_s)
+            if not done:
+                self._retire(slot)
+                raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; its worker was killed")
             try:
-                self._ray.cancel(ref, force=True)
-            except Exception:  # already finished or gone: nothing left to stop
-                logger.debug("ray.cancel failed", exc_info=True)
-            raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; it was cancelled")
-        return future.result()
+                return future.result()
+            except _lost_errors(self._ray) as exc:
+                self._retire(slot)
+                raise TaskLost(f"the Ray worker running the task was lost ({type(exc).__name__}: "
+                               f"{_first_line(exc)})") from None
+        finally:
+            self._idle.put_nowait(slot)
+
+    async def _up(self, slot: _RaySlot) -> Any:
+        """The slot's worker, started (and its initializer run) if it has none."""
+        if slot.handle is None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            remote = self._ray.remote(_RayWorker).options(
+                num_cpus=self.num_cpus, max_restarts=0, max_concurrency=1,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=slot.index),
+            )
+            slot.handle = remote.remote(self._initializer)
+            slot.ready = _quiet(asyncio.wrap_future(slot.handle.ready.remote().future()))
+            self.workers_started += 1
+        assert slot.ready is not None
+        done, _ = await asyncio.wait({slot.ready}, timeout=self.reserve_timeout_s)
+        try:
+            if not done:
+                raise TimeoutError(f"not up within reserve_timeout_s={self.reserve_timeout_s:g} s")
+            slot.ready.result()
+        except Exception as exc:  # noqa: BLE001 - could not start, or its initializer raised: no worker there
+            self._retire(slot)
+            raise TaskLost(f"{self.label}: its Ray worker in bundle {slot.index} did not start "
+                           f"({type(exc).__name__}: {_first_line(exc)})") from None
+        return slot.handle
+
+    def _retire(self, slot: _RaySlot) -> None:
+        handle, slot.handle, slot.ready = slot.handle, None, None
+        if handle is not None:
+            try:
+                self._ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                logger.debug("ray.kill failed", exc_info=True)
 
     async def aclose(self) -> None:
-        """Forget the remote functions; the Ray connection stays (other code in the process may use it)."""
-        self._remotes.clear()
+        """Stop the workers and give the reservation back; the Ray connection stays (other code in the
+        process may use it)."""
+        for slot in self._slots:
+            self._retire(slot)
+        self._slots, self._idle = [], None
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception:  # the cluster or the connection is gone: so is the reservation
+                logger.debug("remove_placement_group failed", exc_info=True)
 
 
-_warmed = False
+class _RaySlot:
+    """One bundle of a :class:`RayRunner`'s reservation and the worker in it (None: none yet)."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.handle: Any = None
+        self.ready: asyncio.Future | None = None
 
 
-def _warm_call(initializer: Callable[[], Any] | None, fn: Callable[..., Any], *args: Any) -> Any:
-    """A Ray task: ``initializer()`` once per worker process, then ``fn(*args)``."""
-    global _warmed
-    if initializer is not None and not _warmed:
-        initializer()
-        _warmed = True
-    return fn(*args)
+class _RayWorker:
+    """A :class:`RayRunner` worker (a Ray actor, wrapped by ``ray.remote`` on use): the initializer
+    once, then one task at a time."""
+
+    def __init__(self, initializer: Callable[[], Any] | None):
+        if initializer is not None:
+            initializer()
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """What a call on a dead actor raises (its process killed, its node gone)."""
+    errors = ray.exceptions
+    return (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError, errors.NodeDiedError)
+
+
+def _quiet(future: asyncio.Future) -> asyncio.Future:
+    """``future``, its exception marked retrieved: one given up on (a killed worker's) logs nothing."""
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return future
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""

@@ -20,7 +20,8 @@ Reward: 1.0 iff every test passes. Metrics: ``num_tests``, ``num_passed``, ``par
 (passed / total), ``result`` (per test), ``test_results`` (``{passed, kind, time_s, detail}``
 per test), ``failure_kind`` (the first failing test's: ``timeout``, ``memory``,
 ``runtime_error``, ``syntax_error``, ``output_limit``, ``forbidden``, ``wrong_answer``; or
-``no_code``), ``extracted_model_code``, ``unit_tests_time_taken``.
+``no_code``; ``sandbox_lost`` when the Ray task running a test never came back, which is no
+verdict on the program), ``extracted_model_code``, ``unit_tests_time_taken``.
 
 Run standalone (the launcher passes the config): ``python app.py``.
 """
@@ -34,6 +35,7 @@ import time
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from nemo_gym_env.errors import TaskTimeout
@@ -85,8 +87,9 @@ class CodeGenResourcesServerConfig(BaseResourcesServerConfig):
         max_response_chars: Longer answers are not searched for code (``no_code``).
         scratch_root: Where per-run scratch directories are made (default: the system temp dir).
         ray_address: Run each test as a Ray task on this cluster (the same sandbox, started by
-            the task on its node) instead of in this server's process; ``max_concurrent`` then
-            bounds the tasks in flight. Needs ``ray``.
+            the task on its node) instead of in this server's process; ``max_concurrent`` CPUs
+            are then reserved on the cluster at start (a placement group), the tasks run there.
+            Needs ``ray``.
         ray_head_node_address: NeMo Gym's name for ``ray_address`` (also set by the config's
             top-level key and by ``RayLauncher``).
     """
@@ -355,7 +358,6 @@ class CodeGenResourcesServer(SimpleResourcesServer):
     config: CodeGenResourcesServerConfig = Field(default_factory=CodeGenResourcesServerConfig)
     _sandbox: Sandbox = PrivateAttr()
     _ray: RayRunner | None = PrivateAttr(default=None)
-    _ray_slots: asyncio.Semaphore | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
@@ -364,8 +366,16 @@ class CodeGenResourcesServer(SimpleResourcesServer):
         self._sandbox = Sandbox(limits, max_concurrent=c.max_concurrent, scratch_root=c.scratch_root)
         address = c.ray_address or c.ray_head_node_address
         if address:
-            self._ray = RayRunner(address)  # a clear error when ray is missing
-            self._ray_slots = asyncio.Semaphore(c.max_concurrent)
+            # max_concurrent CPUs reserved on the cluster for the tests (a clear error when ray is missing)
+            self._ray = RayRunner(address, slots=c.max_concurrent, label="code_gen sandbox")
+
+    def setup_webserver(self) -> FastAPI:
+        """Standard routes only; with ``ray_address`` the tests' CPUs are reserved before the server answers."""
+        app = super().setup_webserver()
+        if self._ray is not None:
+            app.router.on_startup.append(self._ray.start)
+            app.router.on_shutdown.append(self._ray.aclose)
+        return app
 
     @property
     def sandbox(self) -> Sandbox:
@@ -397,15 +407,14 @@ class CodeGenResourcesServer(SimpleResourcesServer):
     async def run_program(self, code: str, *, stdin: str = "", call: tuple[str, list[Any]] | None = None,
                           ) -> RunResult:
         """One sandboxed run: in this server's process, or as a Ray task with ``ray_address``."""
-        if self._ray is None or self._ray_slots is None:
+        if self._ray is None:
             return await self._sandbox.run(code, stdin=stdin, call=call)
         limits = self._sandbox.limits
-        async with self._ray_slots:
-            try:  # the sandbox's own wall-clock limit applies on the node; this only bounds a lost task
-                return await self._ray.run(run_sandboxed, code, stdin, call, limits, self.config.scratch_root,
-                                           timeout_s=limits.timeout_s + 60.0)
-            except TaskTimeout:
-                return RunResult("timeout", None, stderr=b"the Ray task did not come back in time")
+        try:  # the sandbox's own wall-clock limit applies on the node; this only bounds a lost task
+            return await self._ray.run(run_sandboxed, code, stdin, call, limits, self.config.scratch_root,
+                                       timeout_s=limits.timeout_s + 60.0)
+        except TaskTimeout:  # the task (or its node) was lost: no verdict on the program
+            return RunResult("sandbox_lost", None, stderr=b"the Ray task did not come back in time")
 
     async def verify(self, body: CodeGenVerifyRequest) -> CodeGenVerifyResponse:
         """Extract the program from the last assistant message and run it against the row's tests."""

@@ -58,7 +58,8 @@ _STDERR_CAP = 64 * 1024
 _CHUNK = 64 * 1024
 
 RunKind = Literal[
-    "ok", "timeout", "memory", "runtime_error", "syntax_error", "output_limit", "forbidden", "bad_return"
+    "ok", "timeout", "memory", "runtime_error", "syntax_error", "output_limit", "forbidden", "bad_return",
+    "sandbox_lost",
 ]
 
 
@@ -88,7 +89,8 @@ class RunResult:
     Attributes:
         kind: ``ok`` (exit status 0) or why not: ``timeout``, ``memory``, ``runtime_error``,
             ``syntax_error``, ``output_limit``, ``forbidden`` (the audit hook refused an
-            operation and the program died of it), ``bad_return`` (call mode: not JSON).
+            operation and the program died of it), ``bad_return`` (call mode: not JSON);
+            ``sandbox_lost`` when the run (a Ray task) never came back, which says nothing of the program.
         returncode: The exit status (negative: killed by that signal).
         stdout: Standard output, at most ``max_output_bytes``.
         stderr: Standard error, at most 64 KiB.

@@ -10,7 +10,10 @@ rule (``last_number``, ``answer_colon``, or ``none``, the default). ``reward = 1
 math-verify finds it equal to ``expected_answer`` (``\\frac{1}{2}`` = ``0.5`` = ``1/2``,
 ``2\\sqrt{2}`` = ``\\sqrt{8}``), else 0.0. With a judge configured, answers math-verify calls
 unequal go to an LLM judge, whose verdict then decides. Verification runs in a process pool
-(or Ray tasks) under ``verify_timeout_s``; a timeout gives 0 with ``failure_reason``.
+(or Ray workers, started and warmed before the first answer is checked) under
+``verify_timeout_s``. A comparison that judged nothing (it timed out, its worker or node was
+lost) is ``failure_kind: verify_timeout`` with ``failure_reason``: an infrastructure failure that
+collection, the envs and the trainer adapters take as no reward (``protocol/failures.py``).
 
 Metrics: ``extracted_answer``, ``library_reward``, ``judge_reward`` (``None`` unless the judge
 gave a verdict), ``judge_error``, ``answer_truncated``.
@@ -76,12 +79,14 @@ class MathResourcesServerConfig(BaseResourcesServerConfig):
         answer_fallback: Where to find the answer when there is no box: ``last_number`` (the
             last number in the message), ``answer_colon`` (the rest of the line after the last
             ``Answer:``), or ``none``.
-        verify_workers: Worker processes for math-verify; default half the CPUs, 1 to 4
-            (:func:`~nemo_gym_env.server.workers.default_workers`).
+        verify_workers: Worker processes for math-verify, or with a Ray address the CPUs reserved
+            on the cluster for its Ray tasks (at most that many run at once); default half the
+            CPUs, 1 to 4 (:func:`~nemo_gym_env.server.workers.default_workers`).
         verify_timeout_s: Time limit of one comparison; past it the reward is 0 with
             ``failure_reason``.
         max_answer_chars: Only the last this many characters of the message are searched.
-        ray_address: Run comparisons as Ray tasks on this cluster instead (needs ``ray``).
+        ray_address: Run comparisons as Ray tasks on this cluster instead, in ``verify_workers``
+            CPUs reserved at start (needs ``ray``).
         ray_head_node_address: NeMo Gym's name for ``ray_address``.
         judge_base_url: OpenAI-compatible endpoint of an LLM judge (off when unset).
         judge_model: Model name for the judge.
@@ -177,7 +182,9 @@ class MathResourcesServer(SimpleResourcesServer):
         config = self.config
         address = config.ray_address or config.ray_head_node_address
         if address:
-            self._runner = RayRunner(address, initializer=init_worker)  # a clear error when ray is missing
+            # verify_workers CPUs reserved on the cluster at start (a clear error when ray is missing)
+            self._runner = RayRunner(address, slots=config.verify_workers or default_workers(),
+                                     label="math verifier", initializer=init_worker)
         else:
             self._runner = ProcessPoolRunner(
                 config.verify_workers or default_workers(), initializer=init_worker
@@ -241,14 +248,16 @@ class MathResourcesServer(SimpleResourcesServer):
             verdict = await self._runner.run(
                 equivalent, body.expected_answer, extracted, limit, timeout_s=limit + HARD_LIMIT_GRACE_S
             )
-        except TaskTimeout:
-            verdict = "timeout"
-        if verdict == "timeout":
+        except TaskTimeout as exc:  # the worker overran the hard limit, or was lost (TaskLost)
+            verdict, why = "timeout", str(exc)
+        else:
+            why = f"math-verify did not finish within verify_timeout_s={limit:g} s"
+        if verdict == "timeout":  # nothing was judged: an infrastructure failure, no reward (protocol.failures)
             return {
                 "failure_kind": "verify_timeout",
                 "failure_reason": (
-                    f"math-verify did not finish comparing the answer ({len(extracted)} chars) with "
-                    f"expected_answer within verify_timeout_s={limit:g} s; reward 0"
+                    f"the answer ({len(extracted)} chars) was not compared with expected_answer: {why}; "
+                    "no verdict (not a reward: retry it)"
                 ),
             }
         library_reward = 1.0 if verdict == "equal" else 0.0

@@ -182,7 +182,10 @@ def test_bad_rows_are_reported_and_valid_rows_still_run(tmp_path):
 
 
 class _FlakyServer(BaseHTTPRequestHandler):
-    """A resources server whose /verify misbehaves as the row's ``mode`` says."""
+    """A resources server whose /verify misbehaves as the row's ``mode`` says (``unjudged`` and ``masked``:
+    a reply that judged nothing, until ``judging`` is set)."""
+
+    judging = False
 
     def log_message(self, *args):  # quiet
         pass
@@ -200,6 +203,12 @@ class _FlakyServer(BaseHTTPRequestHandler):
                 time.sleep(4)
             if mode == "crash":
                 return self._reply(500, b"Internal Server Error", "text/plain")
+            if mode == "wrong":  # the model's fault: a reward of 0
+                return self._reply(200, json.dumps({**body, "reward": 0.0, "failure_kind": "wrong_answer"}).encode())
+            if mode in ("unjudged", "masked") and not _FlakyServer.judging:
+                verdict = ({"failure_kind": "verify_timeout", "failure_reason": "the checker ran out of time"}
+                           if mode == "unjudged" else {"mask_sample": True})
+                return self._reply(200, json.dumps({**body, "reward": 0.0, **verdict}).encode())
             return self._reply(200, json.dumps({**body, "reward": 1.0}).encode())
         if self.path == "/get_weather":
             return self._reply(200, json.dumps({"city": body.get("city"), "weather_description": "cold"}).encode())
@@ -242,6 +251,53 @@ def test_failing_server_rollouts_go_to_the_failures_file(tmp_path):
     metrics = json.loads(metrics_path(out).read_text())
     assert metrics["num_failed"] == 3 and metrics["num_rollouts"] == 1
     assert CANARY not in result.stdout + result.stderr + failures_path(out).read_text()
+
+
+def _flaky_server() -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyServer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_verify_that_judged_nothing_is_a_failure_and_resume_retries_it(tmp_path):
+    """A verify timeout or a masked verdict is never a row with reward 0: it goes to the failures file, a resume
+    plays it again, and the failures file then holds only what is still failed. A wrong answer stays a reward."""
+    server = _flaky_server()
+    _FlakyServer.judging = False
+    try:
+        base = json.loads(bundled_dataset(ONE).read_text().splitlines()[0])
+        data, out = tmp_path / "unjudged.jsonl", tmp_path / "unjudged_out.jsonl"
+        data.write_text("".join(json.dumps({**base, "mode": m}) + "\n" for m in ("ok", "wrong", "unjudged", "masked")))
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        command = ("rollouts", "--server", ONE, "--server-url", url, "--input", str(data), "--policy", "scripted",
+                   "--num-repeats", "2", "-o", str(out))
+        first = run_cli(*command)
+        assert first.returncode == 1, first.stderr[-2000:]
+        assert sorted((r["mode"], r["reward"]) for r in read_jsonl(out)) == [("ok", 1.0)] * 2 + [("wrong", 0.0)] * 2
+        failures = read_jsonl(failures_path(out))
+        assert sorted((f["_ng_task_index"], f["_ng_rollout_index"], f["failure_kind"]) for f in failures) == [
+            (2, 0, "verify_timeout"), (2, 1, "verify_timeout"), (3, 0, "masked"), (3, 1, "masked")]
+        assert all("reward" not in f and f["response"]["output"] for f in failures)
+        assert "the checker ran out of time" in failures[0]["failure_reason"]
+        metrics = json.loads(metrics_path(out).read_text())
+        assert metrics["num_rollouts"] == 4 and metrics["num_failed"] == 4
+        assert metrics["agent_metrics"]["mean/reward"] == 0.5  # 1.0 and the wrong answers' 0.0, nothing else
+
+        still = run_cli(*command, "--resume", "--limit", "3")  # retries task 2 only; task 3 stays failed
+        assert still.returncode == 1, still.stderr[-2000:]
+        assert sorted(f["_ng_task_index"] for f in read_jsonl(failures_path(out))) == [2, 2, 3, 3]
+
+        _FlakyServer.judging = True  # the verifier works again
+        again = run_cli(*command, "--resume")
+        assert again.returncode == 0, again.stderr[-2000:]
+    finally:
+        server.shutdown()
+        _FlakyServer.judging = False
+    rows = read_jsonl(out)
+    assert sorted(_keys(rows)) == [(t, r) for t in range(4) for r in range(2)]  # each exactly once
+    assert not failures_path(out).exists()  # nothing is still failed
+    assert json.loads(metrics_path(out).read_text())["num_failed"] == 0
 
 
 def test_refused_server_fails_every_rollout_without_crashing(tmp_path):

@@ -156,20 +156,29 @@ def test_a_failing_close_session_never_fails_the_episode(urls, caplog):
 
 
 def test_nemo_gym_07_verdict_fields_reach_info(urls):
-    """mask_sample, failure_kind, failure_reason and reward_components of a /verify reply reach info."""
+    """mask_sample, failure_kind, failure_reason and reward_components of a /verify reply reach info;
+    a masked verdict (an infrastructure failure) ends the episode truncated with the reason, no reward."""
     url = urls["proto_close_fails"]
     verdict = {"reward": 0.0, "mask_sample": True, "failure_kind": "judge_failed", "failure_reason": "judge down",
                "reward_components": {"correctness": 0.0, "format": 1.0}}
+    scored = {"reward": 0.5, "failure_kind": "wrong_answer", "failure_reason": "off by one",
+              "reward_components": {"correctness": 0.0, "format": 0.5}}
     bad = {"reward": 2.0, "mask_sample": "yes"}
-    env = NemoGymEnv(base_url=url, dataset=[{**ROW, "verdict": verdict}, {**ROW, "verdict": bad}])
+    env = NemoGymEnv(base_url=url, dataset=[{**ROW, "verdict": verdict}, {**ROW, "verdict": bad},
+                                            {**ROW, "verdict": scored}])
     try:
         env.reset(options={"task_index": 0})
-        _, reward, terminated, _, info = env.step("answer")
-        assert (reward, terminated) == (0.0, True)
+        _, reward, terminated, truncated, info = env.step("answer")
+        assert (reward, terminated, truncated) == (0.0, False, True)
         assert (info["mask_sample"], info["failure_kind"], info["failure_reason"]) == (True, "judge_failed",
                                                                                        "judge down")
+        assert "judge_failed (infrastructure; no reward): judge down" in info["error"]
         assert info["reward_components"] == {"correctness": 0.0, "format": 1.0}
-        assert env.unwrapped.last_verify["mask_sample"] is True  # and the rollout row keeps it
+        assert env.unwrapped.last_verify["mask_sample"] is True  # the reply is kept for whoever looks into it
+        env.reset(options={"task_index": 2})  # the model's fault: a reward like any other
+        _, reward, terminated, truncated, info = env.step("answer")
+        assert (reward, terminated, truncated) == (0.5, True, False) and "error" not in info
+        assert info["failure_kind"] == "wrong_answer" and "mask_sample" not in info
         env.reset(options={"task_index": 1})
         _, reward, _, truncated, info = env.step("answer")
         assert "mask_sample" in info.get("error", "") and truncated and reward == 0.0  # not a bool: refused

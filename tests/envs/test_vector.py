@@ -203,6 +203,30 @@ def test_one_failing_sub_env_does_not_stop_the_others(launched):
     envs.close()
 
 
+def test_a_verify_that_judged_nothing_is_truncated_and_masked_not_a_reward():
+    """A verify timeout ends its sub-env truncated with the reason and mask_sample, reward 0.0 that is no
+    score; a wrong answer beside it is an ordinary reward (terminated)."""
+    from nemo_gym_env.launch.launcher import Launcher
+
+    from ..fixtures import fixture_specs
+
+    task = {"responses_create_params": {"input": [{"role": "user", "content": "Say done."}]}}
+    rows = [dict(task, reward=0.0, failure_kind="verify_timeout", failure_reason="ran out of time"),
+            dict(task, reward=0.0, failure_kind="wrong_answer"), dict(task, reward=1.0)]
+    with Launcher() as launcher:
+        url = launcher.start(fixture_specs("rewards")["rewards"]).url
+        envs = NemoGymVectorEnv(base_url=url, dataset=rows, num_envs=3)
+        envs.reset(options={"task_indices": [0, 1, 2]})
+        _, rewards, terms, truncs, infos = envs.step(["done"] * 3)
+        envs.close()
+    assert rewards.tolist() == [0.0, 0.0, 1.0]
+    assert terms.tolist() == [False, True, True] and truncs.tolist() == [True, False, False]
+    assert infos["_mask_sample"].tolist() == [True, False, False] and bool(infos["mask_sample"][0])
+    assert "verify_timeout (infrastructure; no reward): ran out of time" in infos["error"][0]
+    assert infos["_error"].tolist() == [True, False, False]
+    assert infos["failure_kind"][1] == "wrong_answer"
+
+
 def test_base_url_list_pins_each_sub_env_to_one_server():
     """Sharding over single-worker servers: sub-env i always plays on urls[i % n], so per-process
     session state (the counter server) is found at /verify; rewards prove no episode hopped."""

@@ -117,7 +117,8 @@ def test_verify_without_a_session(session_sides: dict) -> None:
 
 def test_verifier_exception(ng_stack: NgStack, ported_url: str) -> None:
     """The same verifier code (the port fixture) raising: NeMo Gym answers 500, which ends the
-    episode with an error; our base class answers reward 0 with the reason."""
+    episode with an error; our base class answers reward 0 with the reason (``verifier_error``),
+    which the env reads as no judgement: the episode ends truncated, masked, with the reason."""
     row = {**read_rows(FIXTURE_SERVER / "data" / "example.jsonl")[0], "initial_items": [], "expected_items": []}
     results = {}
     for side, url in (("theirs", ng_stack.their_urls["ng_style_server"]), ("ours", ported_url)):
@@ -131,8 +132,9 @@ def test_verifier_exception(ng_stack: NgStack, ported_url: str) -> None:
     assert (reward, terminated, truncated) == (0.0, False, True)
     assert "HTTP 500" in info["error"] and "ZeroDivisionError" in info["error"]
     _, reward, terminated, truncated, info = results["ours"]
-    assert (reward, terminated, truncated) == (0.0, True, False)
+    assert (reward, terminated, truncated) == (0.0, False, True)  # no reward either: the verifier judged nothing
     assert info["failure_kind"] == "verifier_error" and "ZeroDivisionError" in info["failure_reason"]
+    assert info["mask_sample"] is True and "verifier_error" in info["error"]
 
 
 def test_multi_step_malformed_answer(ng_stack: NgStack, launched: dict[str, str]) -> None:

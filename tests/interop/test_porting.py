@@ -58,15 +58,16 @@ def test_ported_server_plays_through_our_env(ported_server: Path, ported_url: st
         env.close()
 
 
-def test_ported_server_verifier_exception_is_a_zero_reward(ported_server: Path, ported_url: str) -> None:
-    """The fixture's verifier raises on a row with no expected items: our base class gives 0, not a 500."""
+def test_ported_server_verifier_exception_is_no_reward(ported_server: Path, ported_url: str) -> None:
+    """The fixture's verifier raises on a row with no expected items: our base class answers (reward 0 with
+    ``verifier_error``), not a 500, and the env takes that for what it is: no judgement, the episode truncated."""
     row = {**_first_row(ported_server), "initial_items": [], "expected_items": []}
     env = gym.make("NemoGym/Generic-v0", base_url=ported_url, dataset=[row])
     try:
         env.reset(seed=0)
         _, reward, terminated, truncated, info = env.step("Nothing to buy.")
-        assert (reward, terminated, truncated) == (0.0, True, False)
-        assert info["failure_kind"] == "verifier_error"
+        assert (reward, terminated, truncated) == (0.0, False, True)
+        assert info["failure_kind"] == "verifier_error" and info["mask_sample"] is True
         assert "ZeroDivisionError" in info["failure_reason"]
     finally:
         env.close()

@@ -1,4 +1,5 @@
-"""A two-node Ray cluster on this machine, for tests: a head node and a worker node, each its own process group.
+"""A two-node Ray cluster on this machine, for tests and benchmarks: a head node and a worker node, each its own
+process group (2 CPUs each by default, the shape of a small real cluster).
 
 Each node is ``ray start ... --block`` in a new session, so stopping a node is a signal to
 its process group: this cluster's processes only, never another Ray on the same machine
@@ -35,28 +36,39 @@ def cluster_env() -> dict[str, str]:
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray kills workers when the machine's memory passes 95%; on a machine shared with other jobs that
+        # is their memory, not this cluster's: no killing.
+        "RAY_memory_monitor_refresh_ms": "0",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
 
 
 @dataclass
 class LocalCluster:
-    """A head node and worker nodes started with ``ray start --block`` on 127.0.0.1, 1 CPU each."""
+    """A head node and worker nodes started with ``ray start --block`` on 127.0.0.1, ``cpus`` CPUs each."""
 
     address: str = ""
     temp_dir: str = ""
+    cpus: int = 2
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ngeray_logs_")))
     nodes: list[subprocess.Popen] = field(default_factory=list)
+    _names: dict[int, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, workers: int = 1, timeout_s: float = 180.0) -> LocalCluster:
-        cluster = cls(temp_dir=tempfile.mkdtemp(prefix="ngr", dir="/tmp"))  # short: Ray's socket paths are limited
-        port = _free_port()
-        cluster.address = f"127.0.0.1:{port}"
+    def start(cls, workers: int = 1, timeout_s: float = 180.0, cpus: int = 2) -> LocalCluster:
+        cluster = cls(temp_dir=tempfile.mkdtemp(prefix="ngr", dir="/tmp"), cpus=cpus)  # short: socket paths are limited
         try:
-            cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
-                                   f"--temp-dir={cluster.temp_dir}"])
-            cluster._wait_port(port, timeout_s)
+            for attempt in (1, 2):  # Ray gives a node 30 s to register, which a loaded machine can miss
+                port = _free_port()
+                cluster.address = f"127.0.0.1:{port}"
+                head = cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
+                                              f"--temp-dir={cluster.temp_dir}"])
+                if cluster._started(head, "head", timeout_s):
+                    break
+                if attempt == 2 or "timed out during startup" not in cluster.log_tail("head"):
+                    raise RuntimeError(f"the Ray head exited: {cluster.log_tail('head')}")
+                cluster.nodes.remove(head)
+            cluster.wait_nodes(1, timeout_s)  # a worker that joins a head still starting can time out
             for n in range(workers):
                 cluster.add_worker(f"worker{n}")
             cluster.wait_nodes(1 + workers, timeout_s)
@@ -66,10 +78,12 @@ class LocalCluster:
         return cluster
 
     def add_worker(self, name: str) -> subprocess.Popen:
-        return self._node(name, [f"--address={self.address}"])
+        process = self._node(name, [f"--address={self.address}"])
+        self._names[process.pid] = name
+        return process
 
     def _node(self, name: str, args: list[str]) -> subprocess.Popen:
-        command = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--num-cpus=1",
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, f"--num-cpus={self.cpus}",
                    "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the node writes it until stopped
         process = subprocess.Popen(command, env={**os.environ, **cluster_env()}, stdout=log, stderr=subprocess.STDOUT,
@@ -78,17 +92,16 @@ class LocalCluster:
         self.nodes.append(process)
         return process
 
-    def _wait_port(self, port: int, timeout_s: float) -> None:
+    def _started(self, process: subprocess.Popen, name: str, timeout_s: float) -> bool:
+        """Whether the node says it started (True) or exits first (False), as a plain ``ray start`` returns."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                if self.nodes[0].poll() is not None:
-                    raise RuntimeError(f"the Ray head exited: {self.log_tail('head')}") from None
-                time.sleep(0.2)
-        raise TimeoutError(f"the Ray head did not listen within {timeout_s:g} s: {self.log_tail('head')}")
+            if "Ray runtime started" in self.log_tail(name, 200):
+                return True
+            if process.poll() is not None:
+                return False
+            time.sleep(0.2)
+        raise TimeoutError(f"the Ray {name} did not start within {timeout_s:g} s: {self.log_tail(name)}")
 
     def wait_nodes(self, count: int, timeout_s: float = 120.0) -> None:
         """Wait until ``count`` nodes are alive (connects this process to the cluster)."""
@@ -97,15 +110,53 @@ class LocalCluster:
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=False)
         deadline = time.monotonic() + timeout_s
+        retries = 2  # Ray gives a joining node 30 s to register, which a loaded machine can miss: start it again
         while sum(1 for node in ray.nodes() if node["Alive"]) < count:
+            for process in [p for p in self.nodes[1:] if p.poll() is not None and p.pid in self._names]:
+                if retries:
+                    retries -= 1
+                    self.nodes.remove(process)
+                    self.add_worker(self._names.pop(process.pid) + "-again")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{count} Ray nodes not alive within {timeout_s:g} s")
+                tails = "\n".join(f"--- {log.stem}:\n{self.log_tail(log.stem)}" for log in sorted(self.log_dir.glob("*.log")))
+                raise TimeoutError(f"{count} Ray nodes not alive within {timeout_s:g} s\n{tails}")
             time.sleep(0.5)
 
     def kill_node(self, process: subprocess.Popen) -> None:
-        """SIGKILL a node's whole process group: the node dies as a lost machine would."""
+        """SIGKILL every process of a node at once, as a lost machine loses them (and the node stays dead).
+
+        Its process group, and every descendant of its ``ray start`` process wherever it sits (Ray's
+        workers and the servers they launched run in process groups and sessions of their own).
+        """
+        self._names.pop(process.pid, None)
+        doomed = descendants(process.pid)
         _signal_group(process, signal.SIGKILL)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         process.wait(30)
+
+    def node_process(self, node_id: str) -> subprocess.Popen:
+        """The ``ray start`` process of the node with this Ray node id."""
+        import ray
+
+        address = next(n["NodeManagerAddress"] + ":" + str(n["NodeManagerPort"]) for n in ray.nodes()
+                       if n["NodeID"] == node_id)
+        head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+        if node_id == head:
+            return self.nodes[0]
+        alive = [p for p in self.nodes[1:] if p.poll() is None]
+        if len(alive) == 1:
+            return alive[0]
+        raise LookupError(f"cannot tell which worker process is node {node_id} ({address})")
+
+    def replace_worker(self, process: subprocess.Popen, name: str = "worker-again") -> None:
+        """After a kill: a new worker node in its place, and wait until the cluster has its nodes again."""
+        self.nodes.remove(process)
+        self.add_worker(name)
+        self.wait_nodes(len(self.nodes), 180)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -139,6 +190,26 @@ class LocalCluster:
         for folder in (self.temp_dir, self.log_dir):  # Ray's session files and the nodes' logs
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process whose chain of parents leads to ``root`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

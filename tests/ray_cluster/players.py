@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ class TokenPolicy(Policy):
     Args:
         server: The bundled server whose scripted player to use.
         delay_s: Sleep this long per turn (a model's latency).
+        spin_ms: Burn this much CPU per turn (a small model's compute, for benchmarks).
         pid_dir: Write ``<pid>`` files here (tests find and kill the worker processes).
     """
 
-    def __init__(self, server: str, *, delay_s: float = 0.0, pid_dir: str | None = None):
+    def __init__(self, server: str, *, delay_s: float = 0.0, spin_ms: float = 0.0, pid_dir: str | None = None):
         self.scripted = ScriptedPolicy(server)
         self.delay_s = delay_s
+        self.spin_ms = spin_ms
         self.name = f"tokens:{server}"
         if pid_dir is not None:
             Path(pid_dir, str(os.getpid())).write_text(str(os.getpid()))
@@ -43,6 +46,10 @@ class TokenPolicy(Policy):
     async def generate(self, request: PolicyRequest) -> PolicyTurn:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.spin_ms:
+            until = time.process_time() + self.spin_ms / 1000
+            while time.process_time() < until:
+                pass
         items = (await self.scripted.generate(request)).items
         last = max((n for n, item in enumerate(request.history) if "generation_token_ids" in item), default=None)
         if last is None:
@@ -66,3 +73,17 @@ class TokenPolicyFactory:
 
     def __call__(self) -> TokenPolicy:
         return TokenPolicy(self.server, **self.kwargs)
+
+
+class MathAnswers(Policy):
+    """``math``'s scripted player, right on some tasks and wrong on the others (by the expected answer's
+    text, so every run, local or on Ray, gives each task the same answer). Pass the class as the factory."""
+
+    def __init__(self) -> None:
+        self.name = "scripted:math:mixed"
+        self._right = ScriptedPolicy("math")
+        self._wrong = ScriptedPolicy("math", correct=False)
+
+    async def generate(self, request: PolicyRequest) -> PolicyTurn:
+        right = sum(map(ord, str(request.row.get("expected_answer")))) % 2 == 0
+        return await (self._right if right else self._wrong).generate(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -120,8 +121,13 @@ def test_connect_reuses_the_connection(ray_cluster) -> None:
 def test_code_gen_runs_its_sandboxed_tests_as_ray_tasks(ray_cluster) -> None:
     import ray
 
+    spec = bundled_spec("code_gen")
+    spec = replace(spec, config={**spec.config, "max_concurrent": 2})  # 2 CPUs reserved for its tests
     with RayLauncher(host="127.0.0.1") as launcher:
-        [server] = launcher.start_all([bundled_spec("code_gen")])
+        [server] = launcher.start_all([spec])
+        groups = [g for g in ray.util.placement_group_table().values()
+                  if g["state"] == "CREATED" and "code_gen sandbox" in (g.get("name") or "")]
+        assert [len(g["bundles"]) for g in groups] == [2]
         env = NemoGymEnv(base_url=server.url, dataset=bundled_dataset("code_gen"))
         for correct, expected in ((True, 1.0), (False, 0.0)):
             reward, _, _, info = play_episode(env, "code_gen", correct=correct, seed=0)

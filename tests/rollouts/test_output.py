@@ -85,3 +85,76 @@ def test_only_complete_lines_survive_a_resume(tmp_path, tail, kept):
         writer.write(_row(5, 5))
     rows, torn = read_rollouts(out)
     assert torn == 0 and len(rows) == kept + 1
+
+
+def _failed(task: int, rollout: int, reason: str) -> dict:
+    return {**_row(task, rollout), "_ng_failure_class": "server_error", "failure_reason": reason}
+
+
+def _sidecar(out) -> list[tuple[int, int, str]]:
+    if not failures_path(out).exists():
+        return []
+    return [(f["_ng_task_index"], f["_ng_rollout_index"], f["failure_reason"])
+            for f in map(json.loads, failures_path(out).read_text().splitlines())]
+
+
+def test_a_verdict_that_judged_nothing_goes_to_the_sidecar_never_the_output(tmp_path):
+    out = tmp_path / "r.jsonl"
+    with RolloutWriter(out) as writer:
+        writer.write({**_row(0, 0, 0.0), "failure_kind": "verify_timeout", "failure_reason": "slow", "response": {}})
+        writer.write({**_row(0, 1, 0.0), "mask_sample": True})
+        writer.write({**_row(0, 2, 0.0), "failure_kind": "wrong_answer"})  # the model's fault: a reward
+    assert [(r["_ng_rollout_index"], r["reward"]) for r in map(json.loads, out.read_text().splitlines())] == [(2, 0.0)]
+    failures = [json.loads(line) for line in failures_path(out).read_text().splitlines()]
+    assert [(f["_ng_rollout_index"], f["_ng_failure_class"], f["failure_kind"]) for f in failures] == [
+        (0, "server_error", "verify_timeout"), (1, "server_error", "masked")]
+    assert "reward" not in failures[0] and failures[0]["response"] == {}
+    assert "verify_timeout (infrastructure; no reward): slow" in failures[0]["failure_reason"]
+    with RolloutWriter(out, resume=True) as writer:
+        assert writer.done == {("s", "t0", 2)}  # a resume plays (0, 0) and (0, 1) again
+
+
+def test_the_sidecar_holds_what_is_still_failed_after_a_resume(tmp_path):
+    out = tmp_path / "r.jsonl"
+    with RolloutWriter(out) as writer:
+        writer.write(_row(0, 0))
+        for task in (1, 2, 3):
+            writer.write(_failed(task, 0, f"first {task}"))
+    assert len(_sidecar(out)) == 3
+    with RolloutWriter(out, resume=True) as writer:
+        writer.write(_row(1, 0))  # retried and done
+        writer.write(_failed(2, 0, "second 2"))  # failed again
+        # task 3 not retried in this run (a --limit, say): its failure stays
+    assert sorted(_sidecar(out)) == [(2, 0, "second 2"), (3, 0, "first 3")]
+    with RolloutWriter(out, resume=True) as writer:
+        writer.write(_row(2, 0))
+        writer.write(_row(3, 0))
+    assert _sidecar(out) == [] and not failures_path(out).exists()
+    assert summarize(out)["num_failed"] == 0
+
+
+def test_a_killed_run_s_stale_failures_are_dropped_when_it_resumes(tmp_path):
+    """A writer that never closed (SIGKILL) leaves failures of rollouts that later succeeded; a resume drops them."""
+    out = tmp_path / "r.jsonl"
+    writer = RolloutWriter(out)
+    writer.write(_failed(0, 0, "first"))
+    writer.write(_row(0, 0))
+    writer.sync()  # no close(): as after a kill
+    assert len(_sidecar(out)) == 1
+    RolloutWriter(out, resume=True).close()
+    assert _sidecar(out) == []
+
+
+def test_rows_an_older_version_wrote_as_rewards_are_retried(tmp_path):
+    """A verify timeout written as an ordinary row with reward 0.0 (before this was a failure) moves to the
+    sidecar on resume, so the resume plays it again."""
+    out = tmp_path / "r.jsonl"
+    rows = [_row(0, 0), {**_row(1, 0, 0.0), "failure_kind": "verify_timeout", "failure_reason": "slow"},
+            {**_row(2, 0, 0.0), "failure_kind": "syntax_error"}]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with RolloutWriter(out, resume=True) as writer:
+        assert writer.done == {("s", "t0", 0), ("s", "t2", 0)}
+        writer.write(_row(1, 0))
+    kept = [(r["_ng_task_index"], r["reward"]) for r in map(json.loads, out.read_text().splitlines())]
+    assert kept == [(0, 1.0), (2, 0.0), (1, 1.0)]
+    assert _sidecar(out) == []

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nemo_gym_env import launch
 from nemo_gym_env.launch.catalog import bundled_servers
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.testing import example_rows, function_call

@@ -462,15 +462,25 @@ def test_ray_address_without_ray_fails_at_start_up() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 def test_ray_tasks_verify() -> None:
+    """A fresh private Ray (cold workers: process start, math-verify import) and a 1 s limit: the
+    correct answer still scores 1.0 (the limit counts from when a warm worker takes the task), and a
+    comparison that runs out of time is a failure, not a reward of 0."""
     import ray
+
+    from nemo_gym_env.protocol.failures import verdict_failure
 
     was_connected = ray.is_initialized()
     server = MathResourcesServer.from_config({"ray_address": "local", "verify_timeout_s": 1.0}, name=NAME)
     try:
         with app_client(server) as c:
-            assert verify(c, row_with("0.5"), [assistant_message(r"\boxed{\frac12}")])["reward"] == 1.0
+            first = verify(c, row_with("0.5"), [assistant_message(r"\boxed{\frac12}")])
+            assert (first["reward"], first.get("failure_kind")) == (1.0, None), first
+            assert verify(c, row_with("0.5"), [assistant_message(r"\boxed{\frac13}")])["reward"] == 0.0
             slow = verify(c, row_with("2"), [assistant_message(f"\\boxed{{{SLOW_ANSWER}}}")])
-            assert slow["failure_kind"] == "verify_timeout"
+            assert slow["failure_kind"] == "verify_timeout" and "no verdict" in slow["failure_reason"]
+            kind, reason = verdict_failure(slow)
+            assert kind == "verify_timeout" and "infrastructure; no reward" in reason
+            assert verify(c, row_with("0.5"), [assistant_message(r"\boxed{1/2}")])["reward"] == 1.0
     finally:
         if not was_connected:  # the private Ray this test started: stop it, or it outlives the test
             ray.shutdown()

@@ -113,6 +113,42 @@ def test_a_row_that_keeps_failing_fails_the_batch_naming_it(launched: dict[str, 
         _drain(producer, _rows("example_single_tool_call", 4))
 
 
+def test_a_verifier_that_judges_nothing_gives_a_masked_result_never_a_score() -> None:
+    """A verify timeout (after every attempt) fills the slot masked, reward 0.0 that no one may read as a
+    score; a wrong answer (the model's fault) is an ordinary result with reward 0.0."""
+    from nemo_gym_env.launch.launcher import Launcher
+    from nemo_gym_env.policies import PolicyTurn
+
+    from ...fixtures import fixture_specs
+
+    class Done:
+        async def generate(self, request):
+            return PolicyTurn(items=[{"type": "message", "role": "assistant", "id": "m", "status": "completed",
+                                      "content": [{"type": "output_text", "text": "done", "annotations": []}]}])
+
+    policy = TokenPolicy("example_single_tool_call")
+    policy.scripted = Done()
+    task = {"responses_create_params": {"input": [{"role": "user", "content": "Say done."}]}}
+    rows = [dict(task, reward=0.0, failure_kind="verify_timeout", failure_reason="math-verify ran out of time"),
+            dict(task, reward=0.0, failure_kind="wrong_answer"), dict(task, reward=1.0)]
+    rows = [dict(row, _rowidx=i) for i, row in enumerate(rows)]
+    with Launcher() as launcher:
+        url = launcher.start(fixture_specs("rewards")["rewards"]).url
+        producer = NemoGymRollouts({"initial_global_config_dict": {"max_attempts": 2}}, servers={"r": url},
+                                   policy=policy)
+        out = {i: result for i, result, _ in _drain(producer, rows)}
+    assert sorted(out) == [0, 1, 2]
+    for result in out.values():
+        assert_layout(result)
+    masked = out[0]["full_result"]
+    assert masked["reward"] == 0.0 and masked["instance_config"]["mask_sample"] is True
+    assert masked["failure_kind"] == "verify_timeout" and "math-verify ran out of time" in masked["failure_reason"]
+    assert out[1]["full_result"]["reward"] == 0.0 and "instance_config" not in out[1]["full_result"]
+    assert out[2]["full_result"]["reward"] == 1.0 and "instance_config" not in out[2]["full_result"]
+    consumed = nemo_rl_consume([out[i] for i in range(3)], num_generations=1)
+    assert len(consumed["flat"]) == 3  # NeMo RL's side takes all three; the mask is its to apply
+
+
 def test_a_re_tokenizing_policy_fails_naming_the_row_and_turn(launched: dict[str, str]) -> None:
     class Retokenizes(TokenPolicy):
         async def generate(self, request):

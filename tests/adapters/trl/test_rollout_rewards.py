@@ -78,3 +78,34 @@ def test_component_rewards_refuse_bad_names_and_values():
     with pytest.raises(ValueError, match="rollout_func"):
         func(["x"])  # not a rollout of ours: no columns at all
     assert func(["x", "y"], env_reward=[None, None]) == [None, None]  # every episode failed: nothing to score
+
+
+def test_a_verifier_that_judged_nothing_is_no_reward_on_either_route(tokenizer, rewards_url):
+    """A verify timeout or a masked verdict: None (unscorable, out of the loss and the baseline) on the
+    rollout_func route and from get_reward() on the environment_factory route; a wrong answer stays 0.0."""
+    from nemo_gym_env.adapters.trl import nemo_gym_environment
+
+    rows = [_row(0, reward=0.0, failure_kind="verify_timeout", failure_reason="math-verify ran out of time"),
+            _row(1, reward=0.0, mask_sample=True, failure_kind="judge_failed"),
+            _row(2, reward=0.0, failure_kind="wrong_answer"),
+            _row(3, reward=1.0)]
+    dataset = tasks_dataset(rows)
+    generate = Scripted(tokenizer, [[f"done{END}"]] * len(rows))
+    with nemo_gym_rollout_func("NemoGym/Generic-v0", base_url=rewards_url, dataset=rows, max_turns=2) as rollout:
+        out = rollout.rollout([dataset[i]["prompt"] for i in range(len(rows))], generate, tokenizer=tokenizer,
+                              max_completion_length=128)
+    assert out["env_reward"] == [None, None, 0.0, 1.0]
+    assert "verify_timeout" in out["env_error"][0] and "math-verify ran out of time" in out["env_error"][0]
+    assert "judge_failed" in out["env_error"][1] and out["env_error"][2:] == [None, None]
+    assert all(m == 0 for m in out["env_mask"][0] + out["env_mask"][1])  # nothing of them is trained on
+    kwargs = {k: v for k, v in out.items() if k not in ("prompt_ids", "completion_ids", "logprobs")}
+    assert env_reward(["a", "b", "c", "d"], **kwargs) == [None, None, 0.0, 1.0]
+
+    Env = nemo_gym_environment("NemoGym/Generic-v0", base_url=rewards_url, dataset=rows)
+    rewards = []
+    for index in range(len(rows)):
+        env = Env()
+        env.reset(task=index)
+        rewards.append(env.get_reward())
+        env.close()
+    assert rewards == [None, None, 0.0, 1.0]
