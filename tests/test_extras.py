@@ -158,6 +158,9 @@ PROBES: dict[tuple[str, ...], list[list[str]]] = {
     ("ray",): [["-c", "import ray; from nemo_gym_env.ray_cluster import RayVectorEnv, ray_collect"]],
     ("textarena",): [["-m", "nemo_gym_env.cli", "rollouts", "textarena_tower_of_hanoi", "--policy", "scripted",
                       "--limit", "1"]],
+    ("mcp",): [["-m", "nemo_gym_env.cli", "rollouts", "git_history", "--policy", "scripted", "--limit", "1"],
+               ["-c", "from nemo_gym_env.server.mcp_bridge import McpResourcesServer; "
+                      "from nemo_gym_env.server.mcp_expose import expose_over_mcp"]],
     ("bench",): [*([str(REPO / "benchmarks" / name), "--help"] for name in ("main_job.py", "throughput.py")),
                  ["-c", "import matplotlib.pyplot, psutil, pyinstrument, aiohttp"]],
     ("test",): [["-m", "pytest", "--version"], ["-c", "import hypothesis, schemathesis, playwright.sync_api"]],
