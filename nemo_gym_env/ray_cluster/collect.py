@@ -106,7 +106,9 @@ class _RolloutWorker:
                 patience = loop.time() + settings["unreachable_wait_s"]
                 while True:
                     row = await run_rollout(job(spec), max_steps=settings["max_steps"],
-                                            turn_timeout_s=settings["turn_timeout_s"])
+                                            turn_timeout_s=settings["turn_timeout_s"],
+                                            episode_reward=settings["episode_reward"],
+                                            max_episode_tokens=settings["max_episode_tokens"])
                     if row.get("failure_kind") != UNREACHABLE or loop.time() >= patience:
                         return key, row
                     await asyncio.sleep(1.0)  # nothing was played: again, on the server's address by then
@@ -149,6 +151,8 @@ def ray_collect(
     address: str | None = None,
     on_worker_lost: Callable[[int, str], None] | None = None,
     unreachable_wait_s: float = 180.0,
+    episode_reward: str = "verify",
+    max_episode_tokens: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Roll out every row ``num_repeats`` times on ``num_workers`` Ray workers; yield rows in order.
 
@@ -174,6 +178,9 @@ def ray_collect(
         num_gpus_per_worker: GPUs each worker reserves (a local model per worker).
         request_timeout_s: Timeout of each server request.
         turn_timeout_s: Timeout of each policy turn.
+        episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step
+            rewards), as in :func:`~nemo_gym_env.rollouts.jobs.collect`.
+        max_episode_tokens: What one episode may generate in all (as ``rollouts --max-episode-tokens``).
         timeout_s: Give up (``TimeoutError``, naming the rollouts left) after this long.
         address: The cluster (see :func:`~nemo_gym_env.ray_cluster.connect`).
         on_worker_lost: Called with (worker index, reason) when a worker dies.
@@ -217,7 +224,8 @@ def ray_collect(
     size = chunk_size or concurrency
     queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
     settings = {"concurrency": concurrency, "max_steps": max_steps, "request_timeout_s": request_timeout_s,
-                "turn_timeout_s": turn_timeout_s,
+                "turn_timeout_s": turn_timeout_s, "episode_reward": episode_reward,
+                "max_episode_tokens": max_episode_tokens,
                 # Following a launcher: a server that cannot be reached is being placed again; wait for it.
                 "unreachable_wait_s": 0.0 if follow is None else unreachable_wait_s}
     if jobs:

@@ -59,6 +59,22 @@ def test_rows_stream_back_in_order_exactly_once(server_url: str) -> None:
     assert all("generation_token_ids" in row["response"]["output"][-1] for row in out)
 
 
+def test_step_rewards_are_summed_into_the_reward_as_on_one_machine(server_url: str) -> None:
+    """``episode_reward="sum"`` reaches the workers: each row's reward is the verify reward plus its
+    step rewards (example_multi_step gives 0.1 a new lookup), as :func:`collect` gives on one machine."""
+    rows = example_rows(SERVER)[:2]
+    for mode in ("verify", "sum"):
+        out = list(ray_collect(rows, TokenPolicyFactory(SERVER), {SERVER: server_url}, num_workers=1,
+                               episode_reward=mode, timeout_s=120))
+        assert len(out) == 2 and not any(is_failure(row) for row in out), out
+        assert all(row["step_reward_sum"] > 0 for row in out)
+        if mode == "verify":
+            assert [row["reward"] for row in out] == [1.0, 1.0] and not any("verify_reward" in row for row in out)
+        else:
+            assert [row["verify_reward"] for row in out] == [1.0, 1.0]
+            assert [row["reward"] for row in out] == pytest.approx([1.0 + row["step_reward_sum"] for row in out])
+
+
 def test_skip_resumes_and_sampling_applies(server_url: str) -> None:
     rows = example_rows(SERVER)[:2]
     keys = task_keys(rows)  # one server URL: its rows' server is "server"
