@@ -26,7 +26,7 @@ from typing import Any
 
 from nemo_gym_env.protocol.keys import AGENT_REF_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, TASK_KEY_KEY
 
-__all__ = ["RowKey", "legacy_key", "row_identity", "server_of", "task_key", "task_keys"]
+__all__ = ["RowKey", "legacy_key", "row_identity", "server_of", "stamp", "task_key", "task_keys"]
 
 RowKey = tuple[str, str, int]
 """``(server, task key, rollout index)``."""
@@ -83,3 +83,22 @@ def legacy_key(row: Any) -> tuple[str, int, int] | None:
     if task is None or rollout is None:
         return None
     return server_of(row) or "", task, rollout
+
+
+def stamp(row: dict[str, Any], *, task_index: int, key: str, rollout_index: int,
+          agent_ref: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Give a rollout row (an episode's verdict, or a failure) its identity, in place, and return it:
+    the task index, the task key, the rollout index, and ``agent_ref`` when the row has none.
+    Every writer of rollout rows stamps them here (the rollouts command, Ray collection, the play page).
+
+    Example:
+        >>> stamp({"reward": 1.0}, task_index=2, key="ab12", rollout_index=0,
+        ...       agent_ref={"type": "resources_servers", "name": "math"})["agent_ref"]["name"]
+        'math'
+    """
+    row[TASK_INDEX_KEY] = task_index
+    row[TASK_KEY_KEY] = key
+    row[ROLLOUT_INDEX_KEY] = rollout_index
+    if AGENT_REF_KEY not in row and agent_ref is not None:
+        row[AGENT_REF_KEY] = dict(agent_ref)
+    return row

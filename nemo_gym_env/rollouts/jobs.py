@@ -26,11 +26,9 @@ from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
     FAILURE_CLASS_KEY,
-    ROLLOUT_INDEX_KEY,
     TASK_INDEX_KEY,
-    TASK_KEY_KEY,
 )
-from nemo_gym_env.rollouts.identity import server_of, task_key, task_keys
+from nemo_gym_env.rollouts.identity import server_of, stamp, task_key, task_keys
 
 __all__ = ["DEADLINE_GRACE_S", "UNREACHABLE", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
 
@@ -118,16 +116,11 @@ class RolloutJob:
 
 
 def _stamp(job: RolloutJob, row: dict[str, Any]) -> dict[str, Any]:
-    row[TASK_INDEX_KEY] = job.task_index
-    row[TASK_KEY_KEY] = job.task_key if job.task_key is not None else task_key(job.row)
-    row[ROLLOUT_INDEX_KEY] = job.rollout_index
-    if AGENT_REF_KEY not in row:
-        ref = job.row.get(AGENT_REF_KEY)
-        if ref is None and job.server is not None:
-            ref = {"type": "resources_servers", "name": job.server}
-        if ref is not None:
-            row[AGENT_REF_KEY] = ref
-    return row
+    ref = job.row.get(AGENT_REF_KEY)
+    if ref is None and job.server is not None:
+        ref = {"type": "resources_servers", "name": job.server}
+    return stamp(row, task_index=job.task_index, key=job.task_key if job.task_key is not None else task_key(job.row),
+                 rollout_index=job.rollout_index, agent_ref=ref)
 
 
 UNREACHABLE = "server_unreachable"

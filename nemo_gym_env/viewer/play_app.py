@@ -39,9 +39,8 @@ from starlette.responses import JSONResponse
 
 from nemo_gym_env.errors import ActionError, PageRequestError, RolloutFileError
 from nemo_gym_env.protocol.dataset import input_items
-from nemo_gym_env.protocol.keys import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, TASK_KEY_KEY
 from nemo_gym_env.protocol.scripting import assistant_message, function_call
-from nemo_gym_env.rollouts.identity import server_of, task_keys
+from nemo_gym_env.rollouts.identity import server_of, stamp, task_keys
 from nemo_gym_env.rollouts.output import RolloutWriter
 from nemo_gym_env.viewer.rows import Scrubber
 from nemo_gym_env.viewer.web import json_reply, page_app
@@ -193,12 +192,13 @@ class PlaySessions:
             with self._save_lock:
                 try:
                     with RolloutWriter(self.output, resume=True) as writer:
-                        row = dict(env.last_verify)
-                        row.setdefault("agent_ref", {"type": "resources_servers", "name": self.server})
-                        server, key, rollout = server_of(row) or "", self.task_keys[task_index], 0
+                        # The episode's verdict, as the rollouts command writes it (step rewards included).
+                        row = env.episode.verdict() or dict(env.last_verify)
+                        ref = row.get("agent_ref") or {"type": "resources_servers", "name": self.server}
+                        server, key, rollout = server_of({"agent_ref": ref}) or "", self.task_keys[task_index], 0
                         while writer.is_done(server, key, task_index, rollout):
                             rollout += 1
-                        row[TASK_INDEX_KEY], row[TASK_KEY_KEY], row[ROLLOUT_INDEX_KEY] = task_index, key, rollout
+                        stamp(row, task_index=task_index, key=key, rollout_index=rollout, agent_ref=ref)
                         writer.write(row)
                 except (RolloutFileError, OSError) as exc:
                     raise PageRequestError(409, f"cannot append to {self.output}: {exc}") from None

@@ -97,6 +97,9 @@ def test_an_episode_played_by_hand_scores_1_and_is_saved_once(play):
     assert rows[0]["agent_ref"] == {"type": "resources_servers", "name": "example_multi_step"}
     synonyms = example_rows("example_multi_step")[1]["expected_synonyms"]
     assert [i["type"] for i in rows[0]["response"]["output"]].count("function_call") == len(synonyms) + 1
+    # The row the rollouts command would write: the server's step rewards (0.1 a new lookup) included.
+    assert rows[0]["step_rewards"][:len(synonyms)] == pytest.approx([0.1] * len(synonyms))
+    assert rows[0]["step_reward_sum"] == pytest.approx(0.1 * len(synonyms)) and rows[0]["reward"] == 1.0
 
 
 def test_a_turn_a_model_gets_wrong_gets_the_answer_a_model_would(play):
