@@ -32,6 +32,7 @@ from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, load_config, server_specs
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.policies.base import Policy
+from nemo_gym_env.protocol.defaults import MAX_STEPS, TRAINER_CONCURRENCY, TRAINER_REQUEST_TIMEOUT_S
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, TASK_INDEX_KEY
 from nemo_gym_env.ray_cluster.connection import RAY_ADDRESS_KEY
 from nemo_gym_env.ray_cluster.servers import RayLauncher
@@ -63,10 +64,10 @@ class ProducerSettings:
     placement: str = "local"
     server_host: str | None = None
     policy: dict[str, Any] | None = None
-    concurrency: int = 256
-    max_steps: int = 16
+    concurrency: int = TRAINER_CONCURRENCY
+    max_steps: int = MAX_STEPS
     max_attempts: int = 2
-    request_timeout_s: float = 300.0
+    request_timeout_s: float = TRAINER_REQUEST_TIMEOUT_S
     turn_timeout_s: float | None = None
     tensors: bool | None = None
     ray_head_node_address: str | None = None

@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING
 from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
-    from nemo_gym_env.client.head_client import fetch_global_config, fetch_servers, server_urls_from_global_config
+    from nemo_gym_env.client.head_client import (
+        fetch_global_config,
+        fetch_servers,
+        server_urls_from_global_config,
+    )
     from nemo_gym_env.client.loop import BackgroundLoop, background_loop
     from nemo_gym_env.client.resources import CookieJar, ResourcesClient
     from nemo_gym_env.client.transport import MAX_CONNECTIONS_PER_ORIGIN, HttpClient, Reply

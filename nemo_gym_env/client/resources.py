@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from nemo_gym_env.client.transport import HttpClient, Reply
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
+from nemo_gym_env.protocol.defaults import REQUEST_TIMEOUT_S, VERIFY_TIMEOUT_S
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 
 __all__ = ["STEP_REWARD_HEADER", "CookieJar", "Reply", "ResourcesClient", "ServerError", "ToolReply",
@@ -102,7 +103,7 @@ class ResourcesClient:
         max_in_flight: Bound on this client's concurrent requests.
     """
 
-    def __init__(self, base_url: str, *, timeout_s: float = 60.0, verify_timeout_s: float = 300.0,
+    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S, verify_timeout_s: float = VERIFY_TIMEOUT_S,
                  connect_retries: int = 3, max_in_flight: int | None = None):
         self.http = HttpClient(base_url, connect_retries=connect_retries, max_in_flight=max_in_flight)
         self.base_url = self.http.base_url

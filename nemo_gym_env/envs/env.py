@@ -33,11 +33,12 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
-from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.errors import ActionError
+from nemo_gym_env.protocol.defaults import MAX_STEPS, REQUEST_TIMEOUT_S, VERIFY_TIMEOUT_S
 from nemo_gym_env.protocol.parser import items_to_text
 from nemo_gym_env.protocol.types import Response
 
@@ -80,9 +81,9 @@ class NemoGymEnv(gym.Env[list, Any]):
         base_url: str | None = None,
         dataset: str | Path | Sequence[dict[str, Any]] | None = None,
         config_paths: Sequence[str] | None = None,
-        max_steps: int = 16,
-        request_timeout_s: float = 60.0,
-        verify_timeout_s: float = 300.0,
+        max_steps: int = MAX_STEPS,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        verify_timeout_s: float = VERIFY_TIMEOUT_S,
         on_server_error: str = "truncate",
         render_mode: str | None = None,
         protocol: str = "auto",

@@ -11,8 +11,8 @@ from typing import Any
 from nemo_gym_env.client.resources import CookieJar, ResourcesClient
 from nemo_gym_env.errors import ServerError, VerifyFailed
 from nemo_gym_env.protocol.dataset import input_items
-from nemo_gym_env.protocol.items import content_text, plain
 from nemo_gym_env.protocol.failures import verdict_failure
+from nemo_gym_env.protocol.items import content_text, plain
 from nemo_gym_env.protocol.keys import STEP_REWARD_SUM_KEY, STEP_REWARDS_KEY, VERIFY_REWARD_KEY
 from nemo_gym_env.protocol.metrics import numeric_fields
 from nemo_gym_env.protocol.outcomes import TOOL_CALL_ERRORS_KEY

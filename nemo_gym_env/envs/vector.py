@@ -36,12 +36,13 @@ from gymnasium.vector import AutoresetMode
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode
-from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
+from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError, ServerError
+from nemo_gym_env.protocol.defaults import MAX_STEPS, REQUEST_TIMEOUT_S, VERIFY_TIMEOUT_S
 
 __all__ = ["NemoGymVectorEnv"]
 
@@ -79,9 +80,9 @@ class NemoGymVectorEnv(NemoGymVectorBase):
         base_url: str | Sequence[str] | None = None,
         dataset: str | Path | Sequence[dict[str, Any]] | None = None,
         config_paths: Sequence[str] | None = None,
-        max_steps: int = 16,
-        request_timeout_s: float = 60.0,
-        verify_timeout_s: float = 300.0,
+        max_steps: int = MAX_STEPS,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        verify_timeout_s: float = VERIFY_TIMEOUT_S,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         max_in_flight: int = 1024,
         render_mode: str | None = None,

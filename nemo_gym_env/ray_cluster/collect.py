@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_env.errors import WorkersLost
+from nemo_gym_env.protocol.defaults import MAX_STEPS, RAY_WORKER_CONCURRENCY, ROLLOUT_REQUEST_TIMEOUT_S
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
 from nemo_gym_env.ray_cluster.capacity import require, spread
 from nemo_gym_env.ray_cluster.connection import (
@@ -137,15 +138,15 @@ def ray_collect(
     num_workers: int = 2,
     *,
     num_repeats: int = 1,
-    concurrency: int = 32,
+    concurrency: int = RAY_WORKER_CONCURRENCY,
     chunk_size: int | None = None,
-    max_steps: int = 16,
+    max_steps: int = MAX_STEPS,
     sampling: Mapping[str, Any] | None = None,
     skip: Iterable[tuple[str, str, int]] = (),
     routes: Mapping[str, str] | None = None,
     num_cpus_per_worker: float = 1.0,
     num_gpus_per_worker: float = 0.0,
-    request_timeout_s: float = 120.0,
+    request_timeout_s: float = ROLLOUT_REQUEST_TIMEOUT_S,
     turn_timeout_s: float | None = None,
     timeout_s: float | None = None,
     address: str | None = None,

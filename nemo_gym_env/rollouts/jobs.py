@@ -23,6 +23,7 @@ from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.traits import open_episode, server_traits
 from nemo_gym_env.errors import ActionError, ConnectFailed, PolicyTimeout, ServerError, VerifyFailed
 from nemo_gym_env.policies.base import Policy, PolicyRequest
+from nemo_gym_env.protocol.defaults import CONCURRENCY, MAX_STEPS, ROLLOUT_REQUEST_TIMEOUT_S
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
     FAILURE_CLASS_KEY,
@@ -62,7 +63,7 @@ class ServerClients:
         timeout_s: Timeout of every request, ``/verify`` included.
     """
 
-    def __init__(self, urls: Mapping[str, str], *, timeout_s: float = 120.0):
+    def __init__(self, urls: Mapping[str, str], *, timeout_s: float = ROLLOUT_REQUEST_TIMEOUT_S):
         self.urls = dict(urls)
         self.timeout_s = timeout_s
         self._clients: dict[str, ResourcesClient] = {}
@@ -142,7 +143,7 @@ def _verify_failure(job: RolloutJob, error: VerifyFailed) -> dict[str, Any]:
     return _failure(job, "server_error", str(error), **extra)
 
 
-async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: float | None = None,
+async def run_rollout(job: RolloutJob, *, max_steps: int = MAX_STEPS, turn_timeout_s: float | None = None,
                       episode_reward: str = "verify", max_episode_tokens: int | None = None) -> dict[str, Any]:
     """Play one episode: seed the session, alternate policy turns and tool calls, verify.
 
@@ -206,8 +207,8 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = 16, turn_timeout_s: f
 async def collect_jobs(
     jobs: Iterable[RolloutJob],
     *,
-    concurrency: int = 8,
-    max_steps: int = 16,
+    concurrency: int = CONCURRENCY,
+    max_steps: int = MAX_STEPS,
     turn_timeout_s: float | None = None,
     episode_reward: str = "verify",
     max_episode_tokens: int | None = None,
@@ -252,11 +253,11 @@ async def collect(
     server_url: str,
     *,
     num_repeats: int = 1,
-    concurrency: int = 8,
-    max_steps: int = 16,
+    concurrency: int = CONCURRENCY,
+    max_steps: int = MAX_STEPS,
     sampling: Mapping[str, Any] | None = None,
     skip: Iterable[tuple[str, str, int]] = (),
-    request_timeout_s: float = 120.0,
+    request_timeout_s: float = ROLLOUT_REQUEST_TIMEOUT_S,
     turn_timeout_s: float | None = None,
     server_name: str | None = None,
     episode_reward: str = "verify",

@@ -29,6 +29,7 @@ from typing import Any
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.traits import server_traits
 from nemo_gym_env.errors import ServerError, UsageError
+from nemo_gym_env.protocol.defaults import RAY_WORKER_CONCURRENCY
 from nemo_gym_env.protocol.keys import (
     AGENT_REF_KEY,
     FAILURE_CLASS_KEY,
@@ -157,7 +158,7 @@ def line_ranges(numbers: list[int]) -> str:
 
 
 async def reverify_rows(path: str | Path, route: Callable[[Mapping[str, Any]], str], clients: Mapping[str, ResourcesClient],
-                        writer: RolloutWriter, *, concurrency: int = 32,
+                        writer: RolloutWriter, *, concurrency: int = RAY_WORKER_CONCURRENCY,
                         on_row: Callable[[Mapping[str, Any]], None] = lambda row: None,
                         skip: frozenset[str] | set[str] = frozenset()) -> None:
     """Re-verify every row of ``path`` that ``writer`` does not hold yet, ``concurrency`` at a time.

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from nemo_gym_env.errors import UsageError
+from nemo_gym_env.protocol.defaults import CONCURRENCY, MAX_STEPS, ROLLOUT_REQUEST_TIMEOUT_S
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "ENDPOINT_DEFAULTS", "LOCAL_DEFAULTS", "RolloutSettings"]
 
 DEFAULT_OUTPUT = "results/rollouts.jsonl"
 """Where rollout rows go unless ``output`` says otherwise."""
 
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY = CONCURRENCY
 """Rollouts in flight unless ``concurrency`` or the policy says otherwise."""
 
 LOCAL_DEFAULTS = {"temperature": 0.0, "max_output_tokens": 128, "concurrency": 16, "max_episode_tokens": 512}
@@ -90,12 +91,12 @@ class RolloutSettings:
     """Rollouts per task."""
     concurrency: int | None = None
     """Rollouts in flight; None: :data:`DEFAULT_CONCURRENCY`, or the local policy's (:data:`LOCAL_DEFAULTS`)."""
-    max_steps: int = 16
+    max_steps: int = MAX_STEPS
     """Model turns per episode."""
     max_episode_tokens: int | None = None
     """Generated tokens an episode may use over all its turns; then it is scored as it stands
     (None: no bound; the local policy's default: :data:`LOCAL_DEFAULTS`)."""
-    timeout: float = 120.0
+    timeout: float = ROLLOUT_REQUEST_TIMEOUT_S
     """Server request timeout, seconds."""
     attempt_timeout: float | None = None
     """openai: each HTTP attempt's timeout, seconds (None: :data:`ENDPOINT_DEFAULTS`)."""
