@@ -146,8 +146,9 @@ def mixed_rows() -> list[dict]:
 
     ``example_single_tool_call``: the model calls the tool (right), answers in prose (no tool call),
     writes a ``<tool_call>`` that is not JSON, calls a tool named ``nosuch`` (both bad tool calls);
-    the ``rewards`` fixture: reward 1.0, two rows a verifier calls ``wrong_answer``, one masked
-    sample; ``guess_number``: the model never guesses (a negative return, a game lost).
+    the ``rewards`` fixture: reward 1.0, two rows a verifier calls ``wrong_answer`` (a reply with
+    ``mask_sample: true`` judged nothing: a failure, not a row; tests/protocol/test_failures.py);
+    ``guess_number``: the model never guesses (a negative return, a game lost).
     """
     from nemo_gym_env.launch.catalog import bundled_dataset
 
@@ -159,8 +160,7 @@ def mixed_rows() -> list[dict]:
                "agent_ref": {"type": "resources_servers", "name": "rewards"}, **fields}
               for word, fields in [("one", {"reward": 1.0}),
                                    ("two", {"reward": 0.0, "failure_kind": "wrong_answer"}),
-                                   ("three", {"reward": 0.0, "failure_kind": "wrong_answer"}),
-                                   ("four", {"reward": 1.0, "mask_sample": True})]]
+                                   ("three", {"reward": 0.0, "failure_kind": "wrong_answer"})]]
     games = [json.loads(line) for line in bundled_dataset("guess_number").read_text().splitlines()][:2]
     for row in games:
         row["agent_ref"] = {"type": "resources_servers", "name": "guess_number"}

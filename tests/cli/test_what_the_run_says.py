@@ -2,7 +2,7 @@
 
 One run (:func:`tests.cli.conftest.run_mixed`) on three servers with a test model whose rollouts end
 every way a row can: the table counts what the model did per server (right, no tool call, a bad
-tool call, the server's own ``failure_kind``, masked), pass rates stay rates for a game's negative
+tool call, the server's own ``failure_kind``), pass rates stay rates for a game's negative
 returns, the metrics file holds the same counts, the run ends with the command that opens the
 viewer on its output, and ``reverify`` on that very file skips the game's rows saying why and
 exits 0.
@@ -40,8 +40,8 @@ def test_the_table_says_what_the_model_did_per_server(mixed):
     assert weather[1:5] == ["4", "8", "0", "0.250"]
     assert weather[-1] == "bad tool call 4, no tool call 2, right 2"
     scored = _table_line(result.stdout, "rewards")
-    assert scored[4] == "0.333" and scored[-2] == "2"  # the masked samples are counted, not averaged
-    assert scored[-1] == "wrong_answer 4, masked 2, right 2"
+    assert scored[4] == "0.333" and scored[-2] == "0"
+    assert scored[-1] == "wrong_answer 4, right 2"
     game = _table_line(result.stdout, "guess_number")
     assert float(game[4]) < 0  # the game's return: every turn without a guess costs 0.1
     assert game[5:7] == ["0.0", "0.0 (k=2)"] and game[-1] == "wrong 4"  # a pass rate, never "-64.0 %"
@@ -55,12 +55,11 @@ def test_the_metrics_file_holds_the_same_counts_and_rows_say_why(mixed):
     summary = json.loads(metrics_path(folder / "results" / "rollouts.jsonl").read_text())
     per = summary["per_server"]
     assert per["example_single_tool_call"]["outcomes"] == {"bad_tool_call": 4, "no_tool_call": 2, "right": 2}
-    assert per["rewards"]["outcomes"] == {"wrong_answer": 4, "masked": 2, "right": 2}
-    assert per["rewards"]["num_masked"] == 2 and per["rewards"]["failure_kinds"] == {"wrong_answer": 4}
+    assert per["rewards"]["outcomes"] == {"wrong_answer": 4, "right": 2}
+    assert per["rewards"]["num_masked"] == 0 and per["rewards"]["failure_kinds"] == {"wrong_answer": 4}
     assert per["guess_number"]["outcomes"] == {"wrong": 4}
     assert per["guess_number"]["agent_metrics"]["pass@1/reward"] == 0.0
-    assert summary["outcomes"] == {"wrong": 4, "bad_tool_call": 4, "wrong_answer": 4, "masked": 2,
-                                   "no_tool_call": 2, "right": 4}
+    assert summary["outcomes"] == {"wrong": 4, "bad_tool_call": 4, "wrong_answer": 4, "no_tool_call": 2, "right": 4}
     rows = read_jsonl(folder / "results" / "rollouts.jsonl")
     errors = sorted(e for row in rows for e in row.get("tool_call_errors", []))
     assert len(errors) == 4

@@ -109,8 +109,14 @@ def test_the_cluster_section_works_as_written_auth_included() -> None:
         assert node.returncode == 0, node.stderr[-3000:]
         assert not (root / "node" / ".ray" / "auth_token").exists()  # it joined with the variable alone
 
-        status = _bash(_as_here(blocks["status"], port, token), _machine(root, "client"), root)
-        assert status.returncode == 0, status.stderr[-3000:]
+        # `ray status` reads the autoscaler's view, which takes a few seconds to list a node that joined.
+        deadline, client = time.monotonic() + 60, _machine(root, "client")
+        while True:
+            status = _bash(_as_here(blocks["status"], port, token), client, root)
+            assert status.returncode == 0, status.stderr[-3000:]
+            if "4.0 CPU" in status.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert "4.0 CPU" in status.stdout or "0.0/4.0 CPU" in status.stdout, status.stdout
         assert len(re.findall(r"^\s*1 node_", status.stdout, re.MULTILINE)) == 2, status.stdout  # both nodes active
 

@@ -185,7 +185,7 @@ def test_the_page_follows_a_file_being_written(page, tmp_path):
 
 @pytest.fixture(scope="module")
 def mixed_results(tmp_path_factory):
-    """A real ``rollouts`` run whose rows end every way a row can (masked, failure kinds, no tool call, ...)."""
+    """A real ``rollouts`` run whose rows end every way a row can (failure kinds, no tool call, a game lost, ...)."""
     from tests.cli.conftest import mixed_run
 
     folder = tmp_path_factory.mktemp("mixed")
@@ -205,7 +205,7 @@ def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, 
     printed = shlex.split(stdout.strip().splitlines()[-1].split(":", 1)[1])
     assert printed[:2] == ["nemo-gym-env", "view"]
     metrics = json.loads((folder / "results" / "rollouts_metrics.json").read_text())
-    assert metrics["per_server"]["rewards"]["num_masked"] == 2  # the case where they used to disagree
+    assert metrics["per_server"]["rewards"]["failure_kinds"] == {"wrong_answer": 4}
     with running_cli(*printed[1:], cwd=folder) as viewer:
         page.goto(viewer.url + "/#/summary")
         expect(page.locator("pre.metrics-table")).to_have_text(metrics_table(metrics))
@@ -220,8 +220,8 @@ def test_the_summary_shows_the_numbers_rollouts_printed_for_the_same_file(page, 
             expect(card.locator(".outcome")).to_have_text(
                 [f"{outcome_text(kind)} {count}" for kind, count in entry["outcomes"].items()])
         rewards = page.locator(".card").filter(has=page.get_by_role("heading", name="rewards", exact=True))
-        expect(rewards).to_contain_text("mean reward 0.333")  # not 0.500: the masked samples are left out
-        expect(rewards.locator(".outcome")).to_have_text(["wrong_answer 4", "masked 2", "right 2"])
+        expect(rewards).to_contain_text("mean reward 0.333")
+        expect(rewards.locator(".outcome")).to_have_text(["wrong_answer 4", "right 2"])
         page.finish()
 
 
