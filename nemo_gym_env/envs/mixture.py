@@ -26,7 +26,7 @@ from nemo_gym_env.envs.registration import GENERIC_ID, MIXTURE_ID, server_name
 from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.protocol.keys import AGENT_REF_KEY
 
-__all__ = ["ENVIRONMENT_KEY", "MIXTURE_ID", "MixtureEntry", "apportion", "assign", "draw_mixture",
+__all__ = ["ENVIRONMENT_KEY", "MIXTURE_ID", "MixtureEntry", "apportion", "assign", "checked_entries", "draw_mixture",
            "entry_env_kwargs", "mixture_entries", "mixture_rows"]
 
 ENVIRONMENT_KEY = "environment"
@@ -201,3 +201,22 @@ def mixture_rows(envs: Mapping[str, Any], num_rows: int | None = None, *, seed: 
         row[ENVIRONMENT_KEY] = entry.env_id
         out.append(row)
     return out
+
+
+def checked_entries(envs: Mapping[str, Any] | None, kwargs: Mapping[str, Any],
+                    allowed: frozenset[str]) -> list[MixtureEntry]:
+    """The entries of a mixture's ``envs``, with the constructor's other keyword arguments and each
+    entry's keys checked against ``allowed`` (what every sub-env takes); a clear ConfigError otherwise."""
+    if envs is None:
+        raise ConfigError("NemoGym/Mixture-v0 needs envs={env id: weight, ...}, e.g. "
+                          "{'NemoGym/math-v0': 0.5, 'NemoGym/mcqa-v0': 0.5}")
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ConfigError(f"mixture: unknown arguments {unknown}; per-environment base_url, dataset and "
+                          f"config_paths go in its entry: envs={{id: {{'weight': w, 'base_url': ...}}}}")
+    entries = mixture_entries(envs)
+    for entry in entries:
+        extra = sorted(set(entry.kwargs) - ENTRY_KEYS - allowed)
+        if extra:
+            raise ConfigError(f"mixture: {entry.env_id}: unknown entry keys {extra}; use {sorted(ENTRY_KEYS | allowed)}")
+    return entries

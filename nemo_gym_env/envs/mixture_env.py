@@ -27,9 +27,8 @@ import numpy as np
 
 from nemo_gym_env.envs.env import NemoGymEnv
 from nemo_gym_env.envs.episode import StepResult
-from nemo_gym_env.envs.mixture import ENTRY_KEYS, entry_env_kwargs, mixture_entries
+from nemo_gym_env.envs.mixture import checked_entries, entry_env_kwargs
 from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
-from nemo_gym_env.errors import ConfigError
 
 __all__ = ["NemoGymMixtureEnv"]
 
@@ -55,21 +54,9 @@ class NemoGymMixtureEnv(gym.Env[list, Any]):
     metadata = {"render_modes": []}
 
     def __init__(self, envs: Mapping[str, Any] | None = None, render_mode: str | None = None, **kwargs: Any):
-        if envs is None:
-            raise ConfigError("NemoGym/Mixture-v0 needs envs={env id: weight, ...}, e.g. "
-                              "{'NemoGym/math-v0': 0.5, 'NemoGym/mcqa-v0': 0.5}")
         if render_mode is not None:
             raise ValueError(f"NemoGym/Mixture-v0 renders nothing; render_mode must be None, got {render_mode!r}")
-        unknown = sorted(set(kwargs) - ENV_KEYS)
-        if unknown:
-            raise ConfigError(f"mixture: unknown arguments {unknown}; per-environment base_url, dataset and "
-                              f"config_paths go in its entry: envs={{id: {{'weight': w, 'base_url': ...}}}}")
-        entries = mixture_entries(envs)
-        for entry in entries:
-            extra = sorted(set(entry.kwargs) - ENTRY_KEYS - ENV_KEYS)
-            if extra:
-                raise ConfigError(f"mixture: {entry.env_id}: unknown entry keys {extra}; use "
-                                  f"{sorted(ENTRY_KEYS | ENV_KEYS)}")
+        entries = checked_entries(envs, kwargs, ENV_KEYS)
         self.render_mode = None
         self.env_ids: tuple[str, ...] = tuple(e.env_id for e in entries)
         """The environments, in the order of ``envs``."""

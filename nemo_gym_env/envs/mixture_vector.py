@@ -26,11 +26,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from nemo_gym_env.envs.episode import Episode
-from nemo_gym_env.envs.mixture import ENTRY_KEYS, MixtureEntry, assign, entry_env_kwargs, mixture_entries
+from nemo_gym_env.envs.mixture import MixtureEntry, assign, checked_entries, entry_env_kwargs
 from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
 from nemo_gym_env.envs.vector import NemoGymVectorEnv
 from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
-from nemo_gym_env.errors import ConfigError
 
 __all__ = ["NemoGymMixtureVectorEnv"]
 
@@ -69,19 +68,7 @@ class NemoGymMixtureVectorEnv(NemoGymVectorBase):
     def __init__(self, num_envs: int = 2, *, envs: Mapping[str, Any] | None = None,
                  assignment_seed: int | None = 0, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, **kwargs: Any):
-        if envs is None:
-            raise ConfigError("NemoGym/Mixture-v0 needs envs={env id: weight, ...}, e.g. "
-                              "{'NemoGym/math-v0': 0.5, 'NemoGym/mcqa-v0': 0.5}")
-        unknown = sorted(set(kwargs) - _VECTOR_KEYS)
-        if unknown:
-            raise ConfigError(f"mixture: unknown arguments {unknown}; per-environment base_url, dataset and "
-                              f"config_paths go in its entry: envs={{id: {{'weight': w, 'base_url': ...}}}}")
-        entries = mixture_entries(envs)
-        for entry in entries:
-            extra = sorted(set(entry.kwargs) - ENTRY_KEYS - _VECTOR_KEYS)
-            if extra:
-                raise ConfigError(f"mixture: {entry.env_id}: unknown entry keys {extra}; use "
-                                  f"{sorted(ENTRY_KEYS | _VECTOR_KEYS)}")
+        entries = checked_entries(envs, kwargs, _VECTOR_KEYS)
         self.env_ids: tuple[str, ...] = tuple(assign(entries, num_envs, assignment_seed))
         """The env id each sub-env plays."""
         self.autoreset_mode = AutoresetMode(autoreset_mode)
