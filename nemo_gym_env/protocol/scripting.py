@@ -2,10 +2,11 @@
 server ships (``servers/<name>/scripted.py``: tests, the quickstart, benchmarks).
 
 A player is ``scripted_action(row, history, correct=True) -> list of Responses output items``,
-where ``history`` holds the tool outputs the env returned since reset. A player of a hosted
-env (the bridge's servers) also takes ``observations=``: the text of every user message so far,
-the latest last; :func:`play_turn` gives each player what it asks for. Call ids are
-``call_t<turn>_<index>``, so a player can tell from the tool outputs which turn it is on.
+where ``history`` holds what the env returned since reset (tool outputs, the server's
+messages). A player of a hosted env (the bridge's servers) also takes ``observations=``: the
+text of every user message so far, the latest last; :func:`play_turn` gives each player what it
+asks for. Call ids are ``call_t<turn>_<index>``, so a player can tell from the tool outputs
+which turn it is on.
 
 Example:
     >>> function_call(0, 1, "get_weather", {"city": "Lima"})["call_id"]
