@@ -91,7 +91,7 @@ def _name(pid: int) -> str:
         return "server:" + match.group(1)
     if "nemo_gym_env.cli" in text or "nemo-gym-env" in text:
         return "cli"
-    return text[:80]
+    return re.sub(r"\S*/(\.venv/bin/)", r"\1", text)[:80]  # a venv's python without the machine's path
 
 
 def _memory_kib(pid: int) -> tuple[int, int]:
