@@ -13,6 +13,7 @@ the wheel (its ``/reset`` answers 500 offline).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,12 @@ def mcqa(python, workdir) -> Iterator[str]:
 
 def test_mcqa_right_and_wrong_letters(python, mcqa):
     rows = their_rows(python, "mcqa")
-    found = background_loop().run(envs_traits.server_traits(ResourcesClient(mcqa)), timeout=60)
-    assert (found.protocol, found.close_session) == ("resources", True)  # 0.7's /close_session, unmarked /verify
+    for _ in range(5):  # a server too busy to answer the probes is taken as unreachable, and asked again
+        found = background_loop().run(envs_traits.server_traits(ResourcesClient(mcqa)), timeout=60)
+        if found.found_by != "unreachable":
+            break
+        time.sleep(2)
+    assert (found.protocol, found.close_session) == ("resources", True), found  # 0.7's /close_session
     env = env_of(mcqa, rows)
     try:
         for index, row in enumerate(rows):
