@@ -36,7 +36,7 @@ from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode, StepResult
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
-from nemo_gym_env.envs.traits import open_episode, server_traits
+from nemo_gym_env.envs.traits import open_episode, server_traits, start_episode
 from nemo_gym_env.errors import ActionError
 from nemo_gym_env.protocol.defaults import MAX_STEPS, REQUEST_TIMEOUT_S, VERIFY_TIMEOUT_S
 from nemo_gym_env.protocol.parser import items_to_text
@@ -189,10 +189,9 @@ class NemoGymEnv(gym.Env[list, Any]):
         return pick_task(self.rows, self.np_random, options)
 
     async def _start(self, index: int | None, row: dict[str, Any]) -> tuple[list, dict]:
-        traits = await server_traits(self.client, self.protocol)  # told once per server, then cached
-        self.episode = open_episode(traits, self.client, row, index, self.max_steps,
-                                    episode_reward=self.episode_reward)
-        return await self.episode.start()
+        self.episode, observation, info = await start_episode(self.client, self.protocol, row, index, self.max_steps,
+                                                              episode_reward=self.episode_reward)
+        return observation, info
 
     def _check_step(self, action: Any) -> list[dict[str, Any]]:
         if self.episode is None or self.episode.done:

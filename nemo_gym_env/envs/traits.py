@@ -20,6 +20,11 @@ body, then ``POST /reset`` (a 404 means the route is not there; anything else, e
 it is). A server that has neither is an error naming the routes tried. The env's ``protocol``
 argument skips the detection.
 
+What was told is kept per address and process. A server that stops at an address and another
+that speaks the other protocol starts there (a freed port taken again) would make the kept
+answer wrong: :func:`start_episode` takes a ``404`` on the first route of an episode, when the
+protocol was detected, as that, tells the protocol afresh and starts the episode once more.
+
 The same answers say whether the env should send NeMo Gym 0.7's ``POST /close_session`` at the
 end of an episode: when the server has that route, unless it frees a session's state at
 ``/verify`` already (ours say so with an ``x-releases-session`` header on the ``405`` of
@@ -38,7 +43,7 @@ from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
 from nemo_gym_env.protocol.types import RELEASES_SESSION
 
-__all__ = ["PROTOCOLS", "ServerTraits", "open_episode", "server_traits"]
+__all__ = ["PROTOCOLS", "ServerTraits", "open_episode", "server_traits", "start_episode"]
 
 PROTOCOLS = ("resources", "gymnasium")
 """The protocols an env speaks."""
@@ -120,3 +125,32 @@ def open_episode(traits: ServerTraits, client: ResourcesClient, row: dict[str, A
         return GymnasiumEpisode(client, row, task_index, max_steps)
     return Episode(client, row, task_index, max_steps, close_session=traits.close_session,
                    episode_reward=episode_reward)
+
+
+async def start_episode(client: ResourcesClient, protocol: str, row: dict[str, Any], task_index: int | None,
+                        max_steps: int, *, episode_reward: str = "verify") -> tuple[Episode, list, dict]:
+    """A started episode of ``row`` on ``client``'s server, with its first observation and info.
+
+    Tells the protocol (:func:`server_traits`), opens the episode and starts it. When a detected
+    protocol's first route (``/seed_session`` or ``/reset``) answers ``404``, another server may
+    answer at that address now: the protocol is told afresh and, when it changed, the episode is
+    opened and started again (a ``404`` is a route that is not there: nothing ran).
+
+    Raises:
+        ServerError: the server cannot start the episode.
+    """
+    traits = await server_traits(client, protocol)
+    episode = open_episode(traits, client, row, task_index, max_steps, episode_reward=episode_reward)
+    try:
+        observation, info = await episode.start()
+    except ServerError as exc:
+        if exc.status_code != 404 or traits.found_by not in ("routes", "probe"):
+            raise
+        if _KNOWN.get(client.base_url) is traits:
+            del _KNOWN[client.base_url]
+        told = await server_traits(client, protocol)
+        if told.protocol == traits.protocol:
+            raise
+        episode = open_episode(told, client, row, task_index, max_steps, episode_reward=episode_reward)
+        observation, info = await episode.start()
+    return episode, observation, info

@@ -39,7 +39,7 @@ from nemo_gym_env.envs.episode import EPISODE_REWARDS, Episode
 from nemo_gym_env.envs.sources import ServerHandle, resolve_server
 from nemo_gym_env.envs.spaces import JsonItems, action_space_for
 from nemo_gym_env.envs.tasks import pick_task, task_rows
-from nemo_gym_env.envs.traits import open_episode, server_traits
+from nemo_gym_env.envs.traits import start_episode
 from nemo_gym_env.envs.vector_base import NemoGymVectorBase, SubEnvStep
 from nemo_gym_env.errors import ActionError, ServerError
 from nemo_gym_env.protocol.defaults import MAX_STEPS, REQUEST_TIMEOUT_S, VERIFY_TIMEOUT_S
@@ -151,10 +151,8 @@ class NemoGymVectorEnv(NemoGymVectorBase):
         index, row = pick_task(self.rows, self._rngs[i], options)
         client = self.clients[i % len(self.clients)]
         try:
-            episode = open_episode(await server_traits(client, self.protocol), client, row, index, self.max_steps,
-                                   episode_reward=self.episode_reward)
-            self.episodes[i] = episode
-            obs, info = await episode.start()
+            self.episodes[i], obs, info = await start_episode(client, self.protocol, row, index, self.max_steps,
+                                                              episode_reward=self.episode_reward)
         except ServerError as exc:
             self._needs_reset[i] = True
             return [], {"task_index": -1 if index is None else index, "error": str(exc)[:1000]}

@@ -20,7 +20,7 @@ from typing import Any
 
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.envs.actions import normalize_action
-from nemo_gym_env.envs.traits import open_episode, server_traits
+from nemo_gym_env.envs.traits import start_episode
 from nemo_gym_env.errors import ActionError, ConnectFailed, PolicyTimeout, ServerError, VerifyFailed
 from nemo_gym_env.policies.base import Policy, PolicyRequest
 from nemo_gym_env.protocol.defaults import CONCURRENCY, MAX_STEPS, ROLLOUT_REQUEST_TIMEOUT_S
@@ -158,9 +158,8 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = MAX_STEPS, turn_timeo
     :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
     """
     try:
-        traits = await server_traits(job.client)
-        episode = open_episode(traits, job.client, job.row, job.task_index, max_steps, episode_reward=episode_reward)
-        observation, info = await episode.start()
+        episode, observation, info = await start_episode(job.client, "auto", job.row, job.task_index, max_steps,
+                                                         episode_reward=episode_reward)
     except ServerError as exc:
         if isinstance(exc.__cause__, ConnectFailed):  # nothing reached the server: safe to play again at once
             return _failure(job, "server_error", str(exc), failure_kind=UNREACHABLE)

@@ -110,6 +110,30 @@ def test_an_unreachable_server_is_taken_for_a_resources_server_and_asked_again()
     assert url not in envs_traits._KNOWN
 
 
+def test_a_server_of_the_other_protocol_at_a_freed_address_is_told_afresh():
+    # The protocol is kept per address; a port freed and taken again by a server of the other
+    # protocol answers 404 on the kept protocol's first route, and the env tells it again.
+    specs = fixture_specs("protocols")
+    env = None
+    try:
+        with Launcher(ready_timeout_s=60) as launcher:
+            url = launcher.start(specs["proto_countdown"]).url
+            envs_traits._KNOWN.pop(url, None)
+            env = NemoGymEnv(base_url=url, dataset=[{**ROW, "expected": 1}])
+            env.reset()
+            assert envs_traits._KNOWN[url].protocol == "gymnasium"
+        port = int(url.rsplit(":", 1)[1])
+        with Launcher(ready_timeout_s=60) as launcher:
+            assert launcher.start(specs["proto_close_fails"], port=port).url == url
+            obs, info = env.reset()
+            assert envs_traits._KNOWN[url].protocol == "resources"
+            obs, reward, terminated, truncated, info = env.step("my answer")
+            assert (reward, terminated, truncated) == (1.0, True, False)
+    finally:
+        if env is not None:
+            env.close()
+
+
 def test_the_protocol_argument_skips_detection_and_is_checked(urls):
     url = urls["proto_scripted_steps"]
     before = len(received(url))
