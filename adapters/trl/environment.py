@@ -26,6 +26,7 @@ from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode
 from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
 from nemo_gym_env.envs.registration import env_name
+from nemo_gym_env.envs.traits import begin_episode
 from nemo_gym_env.errors import ServerError
 
 __all__ = ["nemo_gym_environment", "nemo_gym_environments"]
@@ -170,7 +171,7 @@ class _ToolEnvironment:
                              "environment_factory to call; train on it through the rollout_func route")
         self._error, self._calls = None, 0
         try:
-            background_loop().run(self._episode.start())
+            self._episode, _, _ = background_loop().run(begin_episode(self._episode, env.protocol))
         except ServerError as exc:
             self._error = str(exc)[:1000]
         return observation

@@ -22,6 +22,7 @@ from nemo_gym_env.adapters.trl.tasks import SharedEnv, TaskTable
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.envs.actions import normalize_action
 from nemo_gym_env.envs.episode import Episode, StepResult
+from nemo_gym_env.envs.traits import begin_episode
 from nemo_gym_env.errors import NoContinuation, ServerError
 from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.render import ChatRenderer
@@ -169,7 +170,7 @@ class NemoGymRollout:
         loop = background_loop()
 
         rows = [self._new_row(prompt, env, tasks, renderer) for prompt in prompts]
-        loop.run(self._start_all(rows))
+        loop.run(self._start_all(rows, env.protocol))
         for row in rows:
             row.prompt_ids = self._prompt_ids(row, renderer, tokenizer)
         for _ in range(self.max_turns):
@@ -246,10 +247,10 @@ class NemoGymRollout:
         left = max_completion_length - len(row.completion_ids)
         return max(1, min(left, self.max_turn_tokens or left))
 
-    async def _start_all(self, rows: list[RolloutRow]) -> None:
+    async def _start_all(self, rows: list[RolloutRow], protocol: str) -> None:
         async def start(row: RolloutRow) -> None:
             try:
-                row.observation, _ = await row.episode.start()
+                row.episode, row.observation, _ = await begin_episode(row.episode, protocol)
             except ServerError as exc:
                 row.fail(str(exc))
 

@@ -22,7 +22,7 @@ argument skips the detection.
 
 What was told is kept per address and process. A server that stops at an address and another
 that speaks the other protocol starts there (a freed port taken again) would make the kept
-answer wrong: :func:`start_episode` takes a ``404`` on the first route of an episode, when the
+answer wrong: :func:`begin_episode` takes a ``404`` on the first route of an episode, when the
 protocol was detected, as that, tells the protocol afresh and starts the episode once more.
 
 The same answers say whether the env should send NeMo Gym 0.7's ``POST /close_session`` at the
@@ -43,7 +43,7 @@ from nemo_gym_env.envs.gymnasium_episode import GymnasiumEpisode
 from nemo_gym_env.errors import ConnectFailed, ServerError, TransportError
 from nemo_gym_env.protocol.types import RELEASES_SESSION
 
-__all__ = ["PROTOCOLS", "ServerTraits", "open_episode", "server_traits", "start_episode"]
+__all__ = ["PROTOCOLS", "ServerTraits", "begin_episode", "open_episode", "server_traits", "start_episode"]
 
 PROTOCOLS = ("resources", "gymnasium")
 """The protocols an env speaks."""
@@ -131,26 +131,42 @@ async def start_episode(client: ResourcesClient, protocol: str, row: dict[str, A
                         max_steps: int, *, episode_reward: str = "verify") -> tuple[Episode, list, dict]:
     """A started episode of ``row`` on ``client``'s server, with its first observation and info.
 
-    Tells the protocol (:func:`server_traits`), opens the episode and starts it. When a detected
-    protocol's first route (``/seed_session`` or ``/reset``) answers ``404``, another server may
-    answer at that address now: the protocol is told afresh and, when it changed, the episode is
-    opened and started again (a ``404`` is a route that is not there: nothing ran).
+    Tells the protocol (:func:`server_traits`), opens the episode (:func:`open_episode`) and
+    starts it (:func:`begin_episode`).
 
     Raises:
         ServerError: the server cannot start the episode.
     """
     traits = await server_traits(client, protocol)
-    episode = open_episode(traits, client, row, task_index, max_steps, episode_reward=episode_reward)
+    return await begin_episode(open_episode(traits, client, row, task_index, max_steps, episode_reward=episode_reward),
+                               protocol)
+
+
+async def begin_episode(episode: Episode, protocol: str = "auto") -> tuple[Episode, list, dict]:
+    """Start an opened episode: the episode (the same, or one opened again), its first observation and info.
+
+    When the protocol was detected (``protocol="auto"``) and the first route of the episode's
+    protocol (``/seed_session`` or ``/reset``) answers ``404``, another server may answer at that
+    address now: the protocol is told afresh and, when it changed, the episode is opened again
+    for the new protocol and started (a ``404`` is a route that is not there: nothing ran).
+
+    Raises:
+        ServerError: the server cannot start the episode.
+    """
     try:
         observation, info = await episode.start()
     except ServerError as exc:
-        if exc.status_code != 404 or traits.found_by not in ("routes", "probe"):
+        if exc.status_code != 404 or protocol != "auto":
             raise
-        if _KNOWN.get(client.base_url) is traits:
-            del _KNOWN[client.base_url]
-        told = await server_traits(client, protocol)
-        if told.protocol == traits.protocol:
+        client = episode.client
+        opened = "gymnasium" if isinstance(episode, GymnasiumEpisode) else "resources"
+        told = _KNOWN.get(client.base_url)
+        if told is None or told.protocol == opened:  # not yet told afresh by another episode
+            _KNOWN.pop(client.base_url, None)
+            told = await server_traits(client, protocol)
+        if told.protocol == opened:
             raise
-        episode = open_episode(told, client, row, task_index, max_steps, episode_reward=episode_reward)
+        episode = open_episode(told, client, episode.task, episode.task_index, episode.max_steps,
+                               episode_reward=episode.episode_reward)
         observation, info = await episode.start()
     return episode, observation, info

@@ -125,9 +125,9 @@ def test_a_server_of_the_other_protocol_at_a_freed_address_is_told_afresh():
         port = int(url.rsplit(":", 1)[1])
         with Launcher(ready_timeout_s=60) as launcher:
             assert launcher.start(specs["proto_close_fails"], port=port).url == url
-            obs, info = env.reset()
+            env.reset()
             assert envs_traits._KNOWN[url].protocol == "resources"
-            obs, reward, terminated, truncated, info = env.step("my answer")
+            _, reward, terminated, truncated, _ = env.step("my answer")
             assert (reward, terminated, truncated) == (1.0, True, False)
     finally:
         if env is not None:
