@@ -18,13 +18,14 @@ import importlib
 import importlib.metadata
 import importlib.resources
 import re
+import shutil
 from pathlib import Path
 
 from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
 
 __all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bundled_dataset", "bundled_servers",
-           "bundled_spec", "missing_extra"]
+           "bundled_spec", "missing_extra", "missing_program"]
 
 SERVERS_PACKAGE = "nemo_gym_env.servers"
 """Import name of the package holding the bundled server folders."""
@@ -137,4 +138,12 @@ def missing_extra(name: str) -> str | None:
             importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
             return str(extra)
+    return None
+
+
+def missing_program(name: str) -> str | None:
+    """The first program a bundled server's config ``requires_programs`` (``[git]``) that is not on ``PATH``."""
+    for program in bundled_spec(name).config.get("requires_programs") or []:
+        if shutil.which(str(program)) is None:
+            return str(program)
     return None

@@ -28,6 +28,7 @@ from nemo_gym_env.launch.catalog import (
     bundled_servers,
     bundled_spec,
     missing_extra,
+    missing_program,
 )
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
@@ -306,7 +307,8 @@ def _default_servers(say: Say) -> list[str]:
 
     The hosted envs (Gymnasium's toy text, TextArena's games: other libraries' envs with their own
     returns, many turns each) are left out, named in one line: ``nemo-gym-env rollouts frozen_lake``
-    plays one. A server whose config ``requires`` an extra that is not installed is left out too.
+    plays one. A server whose config ``requires`` an extra that is not installed, or
+    ``requires_programs`` a program not on ``PATH``, is left out too.
     """
     names = sorted(bundled_servers())
     needs = {n: need for n in names if (need := missing_extra(n))}
@@ -315,10 +317,13 @@ def _default_servers(say: Say) -> list[str]:
         say("not run unless named: the hosted envs " + ", ".join(
             n + (f" (needs pip install 'nemo-gym-env[{needs[n]}]')" if n in needs else "") for n in hosted)
             + f"; e.g. `nemo-gym-env rollouts {hosted[0]}`")
+    programs = {n: f"needs the {program} program on PATH" for n in names if n not in needs and n not in hosted
+                and (program := missing_program(n))}
     missing = [n for n in names if n in needs and n not in hosted]
-    if missing:  # a server whose extra is not installed cannot start: leave it out, say so
-        say("skipping " + ", ".join(f"{n} (needs pip install 'nemo-gym-env[{needs[n]}]')" for n in missing))
-    return [n for n in names if n not in hosted and n not in needs]
+    if missing or programs:  # a server whose extra or program is missing cannot start: leave it out, say so
+        say("skipping " + ", ".join([f"{n} (needs pip install 'nemo-gym-env[{needs[n]}]')" for n in missing]
+                                    + [f"{n} ({why})" for n, why in programs.items()]))
+    return [n for n in names if n not in hosted and n not in needs and n not in programs]
 
 
 def _has_scripted_player(server: str) -> bool:

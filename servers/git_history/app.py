@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,8 @@ class GitHistoryServer(McpResourcesServer):
         super().model_post_init(context)
         if importlib.util.find_spec("mcp_server_git") is None:
             raise RuntimeError("git_history needs mcp-server-git: pip install 'nemo-gym-env[mcp]'")
+        if shutil.which("git") is None:  # it writes each session's repository with git
+            raise RuntimeError("git_history needs the git program on PATH (Debian/Ubuntu: apt-get install git)")
 
     def prepare_session(self, row: dict[str, Any] | None, session_dir: Path) -> None:
         """Write the row's history as a repository in ``session_dir`` (history 0 for the start-up probe).

@@ -118,3 +118,21 @@ def test_no_package_no_servers(monkeypatch):
     assert bundled_servers() == {}
     with pytest.raises(UnknownServerError, match=r"available: none \(is the package installed\?\)"):
         bundled_spec("math")
+
+
+def test_a_server_whose_program_is_missing_is_named_and_left_out(monkeypatch, tmp_path):
+    from nemo_gym_env.launch.catalog import missing_program
+    from nemo_gym_env.rollouts.plan import _default_servers
+
+    assert bundled_spec("git_history").config["requires_programs"] == ["git"]
+    if catalog.missing_extra("git_history"):
+        pytest.skip("git_history's extra is not installed: it is left out for that first")
+    assert missing_program("git_history") is None  # git is on this machine's PATH
+    assert missing_program("example_multi_step") is None  # no programs asked for
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no git
+    assert missing_program("git_history") == "git"
+    said: list[str] = []
+    servers = _default_servers(said.append)
+    assert "git_history" not in servers and "example_multi_step" in servers
+    [skipping] = [line for line in said if line.startswith("skipping")]
+    assert "git_history (needs the git program on PATH)" in skipping

@@ -140,3 +140,15 @@ def test_one_grpo_step_of_the_trl_recipe(tmp_path):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]
     assert metrics[0]["env/failed"] == 0.0 and metrics[0]["reward"] is not None
+
+
+@pytest.mark.slow
+def test_without_git_the_server_fails_at_start_with_one_clear_line(monkeypatch, tmp_path):
+    from nemo_gym_env.errors import LaunchError
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no git (the server runs on sys.executable)
+    with Launcher(ready_timeout_s=60) as launcher, pytest.raises(LaunchError) as raised:
+        launcher.start(bundled_spec("git_history"))
+    assert "git_history needs the git program on PATH" in str(raised.value)
