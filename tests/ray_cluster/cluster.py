@@ -36,9 +36,6 @@ def cluster_env() -> dict[str, str]:
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
-        # Ray reads 127.0.0.1 as "this machine" and advertises its outward address; this keeps the
-        # nodes (all on this machine) on loopback (see the repository's conftest.py).
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         # Ray kills workers when the machine's memory passes 95%; on a machine shared with other jobs that
         # is their memory, not this cluster's: no killing.
         "RAY_memory_monitor_refresh_ms": "0",

@@ -82,8 +82,7 @@ def _machine(root: Path, name: str) -> dict[str, str]:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
     return {**env, "HOME": str(home), "PATH": f"{root / 'bin'}{os.pathsep}{env['PATH']}", "RAY_PYTHON": sys.executable,
-            "RAY_TEST_TMP": str(root), "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # all on this machine: on loopback, as the page says
+            "RAY_TEST_TMP": str(root), "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def _bash(script: str, env: dict[str, str], cwd: Path, timeout_s: float = 400) -> subprocess.CompletedProcess:

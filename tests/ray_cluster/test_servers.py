@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +17,7 @@ from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.ray_cluster import RayLauncher, connect, ray_address
 
-from ..conftest import descendants, play_episode
+from ..conftest import play_episode
 
 pytestmark = pytest.mark.slow
 
@@ -57,58 +55,6 @@ def test_servers_spread_over_nodes_and_the_head_server_reports_them(ray_cluster)
         assert _refused(servers[1].url, 15)
     assert _refused(servers[0].url, 15)
     assert launcher.closed
-
-
-def _listening(pids: set[int]) -> list[str]:
-    """The TCP addresses the processes ``pids`` listen on (from /proc)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = fd.readlink().name
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
-                continue
-            host, port = fields[1].split(":")
-            raw = bytes.fromhex(host)
-            # the kernel writes each 32-bit word in host (little-endian) order
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found.append(f"{ipaddress.ip_address(packed)}:{int(port, 16)}")
-    return found
-
-
-def _loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
-
-
-def test_the_cluster_and_its_servers_listen_on_loopback_only(ray_cluster) -> None:
-    import ray
-
-    connect(ray_cluster.address)
-    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
-    with RayLauncher() as launcher:  # no host given: the node's address
-        (server,) = launcher.start_all([bundled_spec("example_single_tool_call")])
-        assert server.url.startswith("http://127.0.0.1:")
-        pids = {p.pid for p in ray_cluster.nodes if p.poll() is None}
-        for pid in list(pids):
-            pids |= descendants(pid)
-        addresses = _listening(pids)
-        assert len(addresses) >= 5  # GCS, raylets, object managers, workers, the server
-        assert f"127.0.0.1:{server.url.rsplit(':', 1)[1]}" in addresses
-        assert [a for a in addresses if not _loopback(a)] == []
 
 
 def test_a_server_goes_down_with_its_actor(ray_cluster) -> None:
