@@ -200,10 +200,13 @@ def machine() -> dict[str, Any]:
             fast[module] = __import__(module).__version__
         except ImportError:
             fast[module] = None
+    from nemo_gym_env.system.cpu import cpu_flags
+
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_flags": cpu_flags(),
         "loadavg_at_start": os.getloadavg(),
         "gymnasium": gymnasium.__version__,
         "httpx": httpx.__version__,

@@ -69,17 +69,22 @@ from nemo_gym_env.imports import lazy_exports
 if TYPE_CHECKING:
     from nemo_gym_env.adapters.trl.environment import nemo_gym_environment, nemo_gym_environments
     from nemo_gym_env.adapters.trl.generation import Generate, trainer_generate
-    from nemo_gym_env.adapters.trl.rewards import component_rewards, env_reward
+    from nemo_gym_env.adapters.trl.progress import StepReport
+    from nemo_gym_env.adapters.trl.rewards import component_rewards, env_reward, metric_rewards
     from nemo_gym_env.adapters.trl.rollout import NemoGymRollout, nemo_gym_rollout_func
+    from nemo_gym_env.adapters.trl.shared_prompt import SharedPromptGRPOTrainer
     from nemo_gym_env.adapters.trl.tasks import TASK_ROW_FIELD, env_rows, mixture_dataset, tasks_dataset
 
 __all__ = [
     "TASK_ROW_FIELD",
     "Generate",
     "NemoGymRollout",
+    "SharedPromptGRPOTrainer",
+    "StepReport",
     "component_rewards",
     "env_reward",
     "env_rows",
+    "metric_rewards",
     "mixture_dataset",
     "nemo_gym_environment",
     "nemo_gym_environments",
@@ -90,7 +95,9 @@ __all__ = [
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("TASK_ROW_FIELD", "env_rows", "mixture_dataset", "tasks_dataset"), "nemo_gym_env.adapters.trl.tasks"),
-    **dict.fromkeys(("component_rewards", "env_reward"), "nemo_gym_env.adapters.trl.rewards"),
+    **dict.fromkeys(("component_rewards", "env_reward", "metric_rewards"), "nemo_gym_env.adapters.trl.rewards"),
+    "SharedPromptGRPOTrainer": "nemo_gym_env.adapters.trl.shared_prompt",
+    "StepReport": "nemo_gym_env.adapters.trl.progress",
     **dict.fromkeys(("Generate", "trainer_generate"), "nemo_gym_env.adapters.trl.generation"),
     **dict.fromkeys(("NemoGymRollout", "nemo_gym_rollout_func"), "nemo_gym_env.adapters.trl.rollout"),
     **dict.fromkeys(("nemo_gym_environment", "nemo_gym_environments"), "nemo_gym_env.adapters.trl.environment"),

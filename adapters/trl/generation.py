@@ -2,20 +2,31 @@
 
 A rollout asks a :data:`Generate` for the next turn of every live episode;
 :func:`trainer_generate` is the trainer's: TRL's vLLM (colocated or a server) when
-``use_vllm``, else the training model with Hugging Face ``generate``, as TRL's own generation
-does it. :func:`any_live` keeps the ranks of a distributed run in step, turn by turn.
+``use_vllm``; else, in a single process, the training model itself on the package's
+continuous-batching engine (:func:`engine_generate`); else the training model with Hugging
+Face ``generate``, as TRL's own generation does it. :func:`any_live` keeps the ranks of a
+distributed run in step, turn by turn.
+
+Why the engine: the copies of a GRPO group share their whole prompt, and each turn of an
+episode extends the previous one. Hugging Face ``generate`` computes every row's whole prompt
+on every turn, padding included; the engine (:class:`~nemo_gym_env.policies.batching.BatchGenerator`)
+prefills a group's prompt once, continues each episode from its previous turn's key/value
+states, and lets rows leave the batch as they end. Its cache is emptied after every rollout
+call (the weights change at the next optimizer step). ``benchmarks/grpo_step.py`` measures both.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["Generate", "any_live", "checkpointing", "eos_ids", "hf_generate", "tokenizer_of", "trainer_generate",
-           "vllm_generate"]
+__all__ = ["EngineGenerate", "Generate", "any_live", "checkpointing", "engine_generate", "eos_ids", "hf_generate",
+           "tokenizer_of", "trainer_generate", "vllm_generate"]
 
 Generate = Callable[[list[list[int] | None], list[int]], list[tuple[list[int], list[float | None]] | None]]
 """``generate(prompts, budgets)``: for each prompt (token ids, or None for a row that has
@@ -123,11 +134,112 @@ def vllm_generate(trainer: Any) -> Generate:
     return generate
 
 
-def trainer_generate(trainer: Any) -> Generate:
-    """The trainer's own generation: vLLM when ``use_vllm``, else the training model with HF ``generate``."""
+class _ClassForward:
+    """``model`` called through its class's ``forward``: past the per-instance wrappers the trainer installs
+    (accelerate's mixed-precision autocast, TRL's fused LM head), which would cast every weight on every
+    decoding step; the engine decodes in the weights' own dtype."""
+
+    def __init__(self, model: Any):
+        self._model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self._model).forward(self._model, *args, **kwargs)
+
+    @property
+    def forward(self) -> Callable[..., Any]:
+        return functools.partial(type(self._model).forward, self._model)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class EngineGenerate:
+    """A :data:`Generate` on the continuous-batching engine, with the trainer's model (see the module docstring).
+
+    Each call submits every live prompt at once and waits for all of them; rows of a call are
+    seeded from the trainer's seed, its global step and the call's count, so a run repeats.
+    :meth:`release` empties the engine's prefix cache (the rollout calls it when its episodes
+    are done: the next optimizer step makes those states stale, and they would only hold memory
+    through the backward pass).
+    """
+
+    def __init__(self, trainer: Any, engine: Any):
+        self.trainer = trainer
+        self.engine = engine
+        self.calls = 0
+
+    def __call__(self, prompts: list[list[int] | None], budgets: list[int]) -> list[tuple[list[int], list[float]] | None]:
+        from nemo_gym_env.policies.batching import GenerationRequest
+
+        args = self.trainer.args
+        model = self.engine.model._model
+        step = int(getattr(getattr(self.trainer, "state", None), "global_step", 0) or 0)
+        self.calls += 1
+        results: list[tuple[list[int], list[float]] | None] = [None] * len(prompts)
+        training = model.training
+        model.eval()  # no activation checkpointing (and no dropout) while generating
+        try:
+            futures = {i: self.engine.submit(GenerationRequest(
+                prompt=list(prompt), temperature=float(args.temperature), top_p=float(args.top_p),
+                max_new_tokens=int(budgets[i]), seed=hash((int(args.seed), step, self.calls, i)) & ((1 << 62) - 1)))
+                for i, prompt in enumerate(prompts) if prompt is not None}
+            for i, future in futures.items():
+                generation = future.result()
+                results[i] = (generation.token_ids, generation.log_probs)
+        finally:
+            model.train(training)
+        return results
+
+    def release(self) -> None:
+        """Drop the cached key/value states (stale once the weights change) and hand their memory back."""
+        from nemo_gym_env.system.memory import trim
+
+        self.engine.prefix_cache.clear()
+        trim()
+
+
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""One engine per training model (its worker thread and buffers live as long as the model)."""
+
+
+def engine_generate(trainer: Any) -> EngineGenerate | None:
+    """The engine's :class:`EngineGenerate` for ``trainer``, or None where it does not apply.
+
+    It applies in a single process without vLLM, for a model whose cache the engine can extend
+    (plain attention layers: :func:`~nemo_gym_env.policies.kv_cache.supports_prefill`), with
+    sampling the engine does as TRL would (temperature and top-p; no top-k, min-p, repetition
+    penalty or extra ``generation_kwargs``).
+    """
+    from nemo_gym_env.policies.batching import BatchGenerator
+    from nemo_gym_env.policies.kv_cache import supports_prefill
+
+    args = trainer.args
+    if getattr(trainer, "use_vllm", False) or trainer.accelerator.num_processes > 1:
+        return None
+    if (args.top_k not in (0, None) or args.min_p is not None or args.repetition_penalty != 1.0
+            or getattr(args, "generation_kwargs", None) or not args.temperature or args.temperature <= 0):
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not supports_prefill(model):
+        return None
+    engine = _ENGINES.get(model)
+    if engine is None:
+        tokenizer = tokenizer_of(trainer)
+        eos = eos_ids(trainer, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        engine = BatchGenerator(_ClassForward(model), end_ids=set(eos), pad_id=pad,
+                                max_batch_size=max(16, int(getattr(args, "generation_batch_size", 0) or 0)),
+                                num_threads=torch.get_num_threads(), name="training model")
+        _ENGINES[model] = engine
+    return EngineGenerate(trainer, engine)
+
+
+def trainer_generate(trainer: Any, *, engine: bool = True) -> Generate:
+    """The trainer's own generation: vLLM when ``use_vllm``; else, with ``engine``, the engine with the training
+    model (:func:`engine_generate`) where it applies; else the training model with HF ``generate``."""
     if getattr(trainer, "use_vllm", False):
         return vllm_generate(trainer)
-    return hf_generate(trainer)
+    return (engine_generate(trainer) if engine else None) or hf_generate(trainer)
 
 
 def any_live(trainer: Any) -> Callable[[int], bool]:

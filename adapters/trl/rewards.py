@@ -1,9 +1,12 @@
-"""The reward functions of the ``rollout_func`` route: the environment's own reward, and one per reward component.
+"""The reward functions of the ``rollout_func`` route: the environment's own reward, one per reward
+component, and shaping terms from the verdict's other numbers.
 
 :func:`env_reward` is the episode's reward (the ``/verify`` reward, or its sum with the step
 rewards when the env was made with ``episode_reward="sum"``). :func:`component_rewards` makes
 one reward function per ``reward_components`` entry of the ``/verify`` reply, so that TRL
 weights them (``GRPOConfig(reward_weights=[...])``) and logs each under its own name.
+:func:`metric_rewards` does the same for any numeric field of the reply (``looked_up``,
+``num_tool_calls``...): a shaped reward the trainer chooses, leaving the environment's own intact.
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["component_rewards", "env_reward"]
+__all__ = ["component_rewards", "env_reward", "metric_rewards"]
+
+RESERVED_FIELDS = frozenset({
+    "prompt", "prompts", "completion", "completions", "completion_ids", "task", "task_index", "trainer_state",
+    "log_extra", "log_metric", "environments", "prompt_ids", "logprobs", "env_mask", "env_reward",
+    "num_turns", "truncated", "env_error", "reward_components", "step_rewards", "step_reward_sum",
+})
+"""Names TRL or the rollout's own columns use: a verify metric of one of these names becomes ``verify_<name>``."""
 
 COMPONENT_PREFIX = "component_"
 """The rollout column of component ``<name>`` (:data:`nemo_gym_env.adapters.trl.rollout.COMPONENT_PREFIX`)."""
@@ -88,4 +98,51 @@ def _component_reward(name: str) -> Callable[..., list[float | None]]:
         return out
 
     reward.__name__ = reward.__qualname__ = column
+    return reward
+
+
+def metric_rewards(names: Sequence[str]) -> list[Callable[..., list[float | None]]]:
+    """One TRL reward function per numeric field of the ``/verify`` reply, in the order of ``names``.
+
+    The rollout passes every numeric field of the verdict to reward functions as a column of its
+    name (``verify_<name>`` for a name TRL or the rollout uses itself). Each function returns
+    that column (None for a failed episode, or for one whose verdict lacks the field); its
+    ``__name__`` is ``metric_<name>``. Weigh them against :func:`env_reward` with
+    ``GRPOConfig(reward_weights=[1.0, w, ...])``::
+
+        reward_funcs = [env_reward, *metric_rewards(["looked_up"])]     # partial credit per lookup
+
+    Raises:
+        ValueError: no names, a name given twice, or a name that is not a non-empty string.
+    """
+    names = list(names)
+    if not names:
+        raise ValueError("metric_rewards needs at least one field name")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a field name is a non-empty string, got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"field names repeat: {names}")
+    return [_metric_reward(name) for name in names]
+
+
+def _metric_reward(name: str) -> Callable[..., list[float | None]]:
+    column = name if name not in RESERVED_FIELDS else f"verify_{name}"
+
+    def reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+        if "env_reward" not in kwargs:
+            raise ValueError(f"reward function 'metric_{name}' needs the columns of nemo_gym_rollout_func's "
+                             "rollouts; use it with rollout_func=nemo_gym_rollout_func(...)")
+        values = kwargs.get(column) or [None] * len(completions)
+        out: list[float | None] = []
+        for value, episode_reward in zip(values, kwargs["env_reward"]):
+            if episode_reward is None or value is None:
+                out.append(None)  # a failed episode is unscorable, as for env_reward
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"verify field {name!r} is {value!r}, not a finite number")
+            else:
+                out.append(float(value))
+        return out
+
+    reward.__name__ = reward.__qualname__ = f"metric_{name}"
     return reward

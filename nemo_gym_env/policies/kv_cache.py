@@ -121,6 +121,11 @@ class PrefixCache:
         states = self._entries[best_key][1]
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in states]
 
+    def clear(self) -> None:
+        """Drop every entry (the model's weights changed: the states no longer hold)."""
+        self._entries.clear()
+        self.nbytes = 0
+
     def put(self, tokens: Sequence[int], states: States) -> None:
         """Keep ``states`` (one per token of ``tokens``), dropping entries it extends and the least recently used."""
         size = _nbytes(states)

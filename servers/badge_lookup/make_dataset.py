@@ -18,6 +18,10 @@ belongs to one split, by a hash of the name, so no held-out row names anyone a t
 names: a model cannot score on held-out rows by remembering train rows' numbers. Rows take
 turns between the kinds asked for (``single``, ``larger``); ``seed`` picks the people. Each
 row's input is :data:`SYSTEM_PROMPT`, ``shots`` worked examples (:data:`SHOTS`) and the question.
+
+With ``answer_tool=True`` the rows also offer ``submit_answer`` and ask for the final answer
+through it (:data:`ANSWER_SYSTEM_PROMPT`, :data:`ANSWER_SHOTS`): for trainers whose verifier
+sees the tool calls only (TRL's ``environment_factory``).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from typing import Any
 
 from nemo_gym_env.protocol.dataset import write_rows
 from nemo_gym_env.protocol.parser import render_tool_call
-from nemo_gym_env.servers.badge_lookup.app import TOOL_NAME, badge_number
+from nemo_gym_env.servers.badge_lookup.app import ANSWER_TOOL_NAME, TOOL_NAME, badge_number
 
-__all__ = ["KINDS", "SHOTS", "SPLITS", "SYSTEM_PROMPT", "TOOL", "main", "make_dataset", "people", "split_of"]
+__all__ = ["ANSWER_SHOTS", "ANSWER_SYSTEM_PROMPT", "ANSWER_TOOL", "KINDS", "SHOTS", "SPLITS", "SYSTEM_PROMPT", "TOOL",
+           "main", "make_dataset", "people", "split_of"]
 
 FIRST = ("Ada Ben Chloe Dev Elena Farid Grace Hugo Ines Jonas Kira Luis Maya Nadia Omar Petra Quinn Rosa "
          "Sami Tara Umar Vera Wen Xavier Yara Zane Aiko Bruno Carmen Dario Esme Felix Gita Hana Ivan Jada "
@@ -65,12 +70,37 @@ TOOL = {
 }
 
 
-def _shot(question: str, badges: dict[str, int], answer: str) -> list[dict[str, str]]:
+ANSWER_SYSTEM_PROMPT = (
+    "You can look up a person's badge number with the lookup_badge tool. Look up every person the "
+    "question names before you answer, then give the final answer by calling the submit_answer tool."
+)
+"""The system message of rows made with ``answer_tool=True``."""
+
+ANSWER_TOOL = {
+    "type": "function",
+    "name": ANSWER_TOOL_NAME,
+    "description": "Submit the final answer: a badge number, or a person's full name.",
+    "parameters": {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "description": "The final answer, e.g. '417' or 'Ada Moreau'."}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def _exchange(tool: str, arguments: dict[str, str], output: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": render_tool_call(tool, arguments)},
+            {"role": "user", "content": f"<tool_response>\n{json.dumps(output)}\n</tool_response>"}]
+
+
+def _shot(question: str, badges: dict[str, int], answer: str, submitted: str | None = None) -> list[dict[str, str]]:
     turns = [{"role": "user", "content": question}]
     for name, badge in badges.items():
-        output = json.dumps({"name": name, "badge": badge})
-        turns += [{"role": "assistant", "content": render_tool_call(TOOL_NAME, {"name": name})},
-                  {"role": "user", "content": f"<tool_response>\n{output}\n</tool_response>"}]
+        turns += _exchange(TOOL_NAME, {"name": name}, {"name": name, "badge": badge})
+    if submitted is not None:
+        turns += _exchange(ANSWER_TOOL_NAME, {"answer": submitted}, {"answer": submitted, "recorded": True})
     return [*turns, {"role": "assistant", "content": answer}]
 
 
@@ -83,7 +113,15 @@ SHOTS = [
 They are written as the turns the local policy renders (tool calls in ``<tool_call>`` blocks,
 tool replies as ``<tool_response>`` user turns), so a small model sees the exchange it must make."""
 
+ANSWER_SHOTS = [
+    *_shot("Who has the larger badge number, Sam Berg or Tom Ruiz?", {"Sam Berg": 415, "Tom Ruiz": 388},
+           "Sam Berg has 415 and Tom Ruiz has 388: I submitted Sam Berg.", submitted="Sam Berg"),
+    *_shot("What is the badge number of Lee Park?", {"Lee Park": 123}, "I submitted 123.", submitted="123"),
+]
+"""The worked examples of ``answer_tool=True`` rows: the same exchanges, the answer given with ``submit_answer``."""
+
 _SHOT_ENDS = (0, 6, len(SHOTS))  # SHOTS[:end] holds the first 0, 1 or 2 examples
+_ANSWER_SHOT_ENDS = (0, 8, len(ANSWER_SHOTS))
 
 
 def split_of(name: str) -> str:
@@ -98,7 +136,7 @@ def people(split: str) -> list[str]:
     return [name for name in (f"{first} {family}" for first in FIRST for family in FAMILY) if split_of(name) == split]
 
 
-def _row(kind: str, names: list[str], shot_turns: int) -> dict[str, Any]:
+def _row(kind: str, names: list[str], shots: int, answer_tool: bool) -> dict[str, Any]:
     if kind == "single":
         question = f"What is the badge number of {names[0]}?"
         expected = str(badge_number(names[0]))
@@ -107,9 +145,10 @@ def _row(kind: str, names: list[str], shot_turns: int) -> dict[str, Any]:
         expected = max(names, key=badge_number)
     return {
         "responses_create_params": {
-            "input": [{"role": "system", "content": SYSTEM_PROMPT}, *SHOTS[:shot_turns],
+            "input": [{"role": "system", "content": ANSWER_SYSTEM_PROMPT if answer_tool else SYSTEM_PROMPT},
+                      *(ANSWER_SHOTS[: _ANSWER_SHOT_ENDS[shots]] if answer_tool else SHOTS[: _SHOT_ENDS[shots]]),
                       {"role": "user", "content": question}],
-            "tools": [TOOL],
+            "tools": [TOOL, ANSWER_TOOL] if answer_tool else [TOOL],
         },
         "kind": kind,
         "names": names,
@@ -118,10 +157,12 @@ def _row(kind: str, names: list[str], shot_turns: int) -> dict[str, Any]:
 
 
 def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS,
-                 shots: int = 2) -> list[dict[str, Any]]:
+                 shots: int = 2, answer_tool: bool = False) -> list[dict[str, Any]]:
     """``size`` rows of ``split`` (kinds taking turns), the same for the same arguments.
 
-    ``shots`` (0, 1 or 2) worked examples of :data:`SHOTS` come before each question.
+    ``shots`` (0, 1 or 2) worked examples of :data:`SHOTS` come before each question; with
+    ``answer_tool`` the rows offer ``submit_answer`` and their examples answer through it.
+    The people (and so the questions) do not depend on ``shots`` or ``answer_tool``.
     """
     if shots not in (0, 1, 2):
         raise ValueError(f"shots must be 0, 1 or 2, not {shots}")
@@ -139,7 +180,7 @@ def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence
             names = rng.sample(pool, 1 if kind == "single" else 2)
             if kind == "single" or badge_number(names[0]) != badge_number(names[1]):
                 break
-        rows.append(_row(kind, names, _SHOT_ENDS[shots]))
+        rows.append(_row(kind, names, shots, answer_tool))
     return rows
 
 
@@ -151,10 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=SPLITS, default="train", help="whose names the rows use (default train)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--shots", type=int, default=2, help="worked examples before each question: 0, 1 or 2")
+    parser.add_argument("--answer-tool", action="store_true",
+                        help="offer submit_answer and ask for the final answer through it")
     parser.add_argument("--out", help="JSONL to write (default: standard output)")
     args = parser.parse_args(argv)
     try:
-        rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots)
+        rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots,
+                            args.answer_tool)
     except ValueError as exc:
         parser.error(str(exc))
     write_rows(rows, args.out)
