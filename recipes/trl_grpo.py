@@ -46,8 +46,9 @@ class Settings:
     env: str = "NemoGym/badge_lookup-v0"
     """Gymnasium id of the environment (``NemoGym/<server>-v0`` or ``NemoGym/Generic-v0``)"""
     dataset: Any = None
-    """Training rows: a JSONL path, or a generator call (``{_target_: module.function, size: ..., ...}``);
-    default: ``DEFAULT_DATASETS`` for the env (badge_lookup: 512 ``single`` questions), else its bundled examples"""
+    """Training rows: a JSONL path, or a generator call (``{_target_: module.function, size: ..., ...}``, given the
+    run's ``seed`` unless it names one); default: ``DEFAULT_DATASETS`` for the env (badge_lookup: 512 ``single``
+    questions), else its bundled examples"""
     route: str = "rollout_func"
     """``rollout_func`` (our token-exact multi-turn rollout) or ``environment_factory`` (TRL's tool loop calling
     the server's tools; badge_lookup rows then answer with ``submit_answer``)"""
@@ -63,9 +64,9 @@ class Settings:
     """Episodes per task (the GRPO group size)"""
     batch_size: int = 8
     """Episodes per optimizer step and device, generated together; a multiple of ``num_generations``"""
-    micro_batch_size: int = 8
-    """Episodes per forward/backward pass; divides ``batch_size``. A multiple of ``num_generations`` scores each
-    group on one pass over its prompt (``shared_prompt``)"""
+    micro_batch_size: int | None = None
+    """Episodes per forward/backward pass; divides ``batch_size``; None: ``batch_size``. A multiple of
+    ``num_generations`` scores each group on one pass over its prompt (``shared_prompt``)"""
     learning_rate: float = 3e-5
     """Learning rate"""
     optim: str = "adafactor"
@@ -83,7 +84,7 @@ class Settings:
     """KL coefficient (0: no reference model)"""
     shaping: Any = None
     """Extra reward terms from the ``/verify`` reply's numeric fields, ``{field: weight}`` (``{looked_up: 0.5}``:
-    partial credit for looking names up); ``rollout_func`` route only; held-out scores stay the env's reward"""
+    partial credit for looking names up); held-out scores stay the env's reward"""
     use_vllm: bool = False
     """Generate with vLLM (the ``gpu`` install) instead of the training model"""
     vllm_mode: str = "colocate"
@@ -147,11 +148,11 @@ def training_rows(args: Settings) -> list[dict[str, Any]] | str | None:
         spec = DEFAULT_DATASETS.get(server_name(args.env))
         if spec is None:
             return None
-        spec = {**spec, "seed": args.seed}
         if args.route == "environment_factory":
-            spec["answer_tool"] = True
+            spec = {**spec, "answer_tool": True}
     if isinstance(spec, str):
         return spec
+    spec = {"seed": args.seed, **spec}  # the run's seed picks the rows unless the call names its own
     from hydra.utils import instantiate
 
     rows = instantiate(dict(spec), _convert_="all")
@@ -313,11 +314,10 @@ def main(cfg: DictConfig) -> None:
     # 0. Settings that cannot work are refused before torch, TRL and the model load.
     if args.route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, not {args.route!r}")
+    args.micro_batch_size = args.micro_batch_size or args.batch_size
     if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
         raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "
                          f"({args.micro_batch_size}) and of num_generations ({args.num_generations})")
-    if args.shaping and args.route != "rollout_func":
-        raise ValueError("shaping reads the /verify reply's fields, which only the rollout_func route passes on")
     dataset = training_rows(args)
     eval_rows = load_rows(args.eval_dataset)[: args.eval_limit or None] if args.eval_dataset else []
     if eval_rows:
@@ -394,7 +394,9 @@ def main(cfg: DictConfig) -> None:
         use_cpu=not torch.cuda.is_available(),
         **checkpointing(args.activation_checkpointing),
         **({"max_tool_calling_iterations": args.max_turns} if args.route == "environment_factory" else {}),
-        **({"reward_weights": [1.0, *(args.shaping or {}).values()]} if shaping else {}),
+        # rollout_func: env_reward first; environment_factory: TRL adds the environment's reward (weight 1) last.
+        **({"reward_weights": [*([1.0] if args.route == "rollout_func" else []), *args.shaping.values()]}
+           if shaping else {}),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -415,12 +417,15 @@ def main(cfg: DictConfig) -> None:
         report.restart_clock()  # the evaluation is not the next step's time
 
     class Housekeeping(TrainerCallback):
-        """Held-out evaluations every ``eval_every`` steps; freed memory back to the system after each step."""
+        """Freed memory back to the system after each step; held-out evaluations every ``eval_every`` steps,
+        after the step's line (so that the step's time is its own)."""
 
-        def on_step_end(self, _args, state, control, model=None, **kwargs):
+        def on_step_end(self, _args, state, control, **kwargs):
             memory.trim()
-            if args.eval_dataset and args.eval_every and state.global_step % args.eval_every == 0 \
-                    and state.global_step < args.steps:
+
+        def on_log(self, _args, state, control, logs=None, model=None, **kwargs):
+            if logs and "reward" in logs and args.eval_dataset and args.eval_every \
+                    and state.global_step % args.eval_every == 0 and state.global_step < args.steps:
                 evaluate(model, state.global_step)
 
     trainer_class = SharedPromptGRPOTrainer if args.shared_prompt else GRPOTrainer
@@ -434,7 +439,8 @@ def main(cfg: DictConfig) -> None:
     else:
         environment = nemo_gym_environment(args.env, num_generations=args.num_generations, seed=args.seed,
                                            **env_kwargs)
-        trainer = trainer_class(environment_factory=environment, **common)
+        report.env_reward_key = f"rewards/{environment.__name__}/mean"  # TRL names the column after the class
+        trainer = trainer_class(environment_factory=environment, reward_funcs=shaping or None, **common)
         close = environment.close
     for noisy in (PrinterCallback, ProgressCallback):  # the step line replaces TRL's dicts and progress bar
         trainer.remove_callback(noisy)

@@ -29,7 +29,7 @@ from nemo_gym_env.envs.registration import env_name
 from nemo_gym_env.envs.traits import begin_episode
 from nemo_gym_env.errors import ServerError
 
-__all__ = ["nemo_gym_environment", "nemo_gym_environments"]
+__all__ = ["nemo_gym_environment", "nemo_gym_environments", "verdict_of"]
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict}
 _NO_TURN_LIMIT = 1 << 30
@@ -212,6 +212,18 @@ class _ToolEnvironment:
             self._error = str(episode.error)[:1000]
             return json.dumps({"error": self._error})
         return observation[0]["output"]
+
+
+def verdict_of(environment: Any) -> dict[str, Any] | None:
+    """The ``/verify`` reply of an environment's episode (verified now if it was not yet), or None when it failed.
+
+    For reward functions next to the environment's own (TRL hands them ``environments``): the
+    verdict's other fields (``looked_up``, ``answered``...) as shaping terms.
+    """
+    if not isinstance(environment, _ToolEnvironment) or environment.get_reward() is None:
+        return None
+    episode = environment._episode
+    return dict(episode.last_verify) if episode is not None and episode.last_verify is not None else None
 
 
 def nemo_gym_environment(env_id: str, *, num_generations: int = 1, seed: int | None = 0, **env_kwargs: Any) -> type:

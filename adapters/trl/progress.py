@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NO_SIGNAL_ADVICE", "StepReport", "step_line", "step_summary"]
+__all__ = ["ENV_REWARD_KEY", "NO_SIGNAL_ADVICE", "StepReport", "step_line", "step_summary"]
 
 NO_SIGNAL_ADVICE = ("no group carried a learning signal (every episode of each group scored the same), "
                     "so no parameter moved; if this repeats, raise temperature or num_generations, "
@@ -33,12 +33,17 @@ def _number(logs: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def step_summary(logs: Mapping[str, Any], groups: int) -> dict[str, Any]:
+ENV_REWARD_KEY = "rewards/env_reward/mean"
+"""Where TRL logs the environment's own reward on the ``rollout_func`` route (``rewards/<class>/mean`` on the
+``environment_factory`` route)."""
+
+
+def step_summary(logs: Mapping[str, Any], groups: int, env_reward_key: str = ENV_REWARD_KEY) -> dict[str, Any]:
     """The learning-signal counts of one step's TRL logs, for ``groups`` GRPO groups per step.
 
     Returns ``reward``, ``reward_std`` (over the step's episodes, of the reward GRPO optimizes),
-    ``env_reward`` (the environment's own reward, ``rewards/env_reward/mean``, when other reward
-    functions add shaping to it; else the same as ``reward``), ``groups``,
+    ``env_reward`` (the environment's own reward, logged under ``env_reward_key``, when other
+    reward functions add shaping to it; else the same as ``reward``), ``groups``,
     ``groups_with_signal`` (groups whose rewards were not all equal; None when TRL logged no
     ``frac_reward_zero_std``), ``grad_norm``, ``loss``, ``turns`` and ``failed`` (share of
     episodes whose environment failed), None where the logs lack them.
@@ -48,7 +53,7 @@ def step_summary(logs: Mapping[str, Any], groups: int) -> dict[str, Any]:
         1
     """
     zero_std = _number(logs, "frac_reward_zero_std")
-    own = _number(logs, "rewards/env_reward/mean")
+    own = _number(logs, env_reward_key)
     return {
         "reward": _number(logs, "reward"),
         "env_reward": own if own is not None else _number(logs, "reward"),
@@ -111,14 +116,17 @@ class StepReport(_callback_base()):
             a JSON line; None keeps them in :attr:`rows` only.
         write: Where the line goes (``print``).
         on_step: Called with each record after it is written (e.g. to keep a curve).
+        env_reward_key: Where TRL logs the environment's own reward (:data:`ENV_REWARD_KEY`; on the
+            ``environment_factory`` route ``rewards/<environment class>/mean``).
 
     Attributes:
         rows: Every step's record so far.
     """
 
     def __init__(self, groups: int, metrics_path: str | Path | None = None, write: Callable[[str], Any] = print,
-                 on_step: Callable[[dict[str, Any]], Any] | None = None):
+                 on_step: Callable[[dict[str, Any]], Any] | None = None, env_reward_key: str = ENV_REWARD_KEY):
         self.groups = groups
+        self.env_reward_key = env_reward_key
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
         self.write = write
         self.on_step = on_step
@@ -136,7 +144,7 @@ class StepReport(_callback_base()):
         if not logs or "reward" not in logs:  # the end-of-training summary has no reward
             return
         now = time.perf_counter()
-        summary = step_summary(logs, self.groups)
+        summary = step_summary(logs, self.groups, self.env_reward_key)
         row = {"step": state.global_step, "seconds": round(now - self.last, 2), **logs, "summary": summary}
         self.last = now
         self.rows.append(row)

@@ -104,10 +104,13 @@ def _component_reward(name: str) -> Callable[..., list[float | None]]:
 def metric_rewards(names: Sequence[str]) -> list[Callable[..., list[float | None]]]:
     """One TRL reward function per numeric field of the ``/verify`` reply, in the order of ``names``.
 
-    The rollout passes every numeric field of the verdict to reward functions as a column of its
-    name (``verify_<name>`` for a name TRL or the rollout uses itself). Each function returns
-    that column (None for a failed episode, or for one whose verdict lacks the field); its
-    ``__name__`` is ``metric_<name>``. Weigh them against :func:`env_reward` with
+    On the ``rollout_func`` route the rollout passes every numeric field of the verdict to reward
+    functions as a column of its name (``verify_<name>`` for a name TRL or the rollout uses
+    itself); on the ``environment_factory`` route TRL passes the environments, and the field is
+    read from each one's verdict (:func:`~nemo_gym_env.adapters.trl.environment.verdict_of`,
+    verifying the episode first if TRL has not yet). Each function returns that field (None for a
+    failed episode, or for one whose verdict lacks it; a boolean counts 1 or 0); its ``__name__``
+    is ``metric_<name>``. Weigh them against the environment's reward with
     ``GRPOConfig(reward_weights=[1.0, w, ...])``::
 
         reward_funcs = [env_reward, *metric_rewards(["looked_up"])]     # partial credit per lookup
@@ -126,23 +129,34 @@ def metric_rewards(names: Sequence[str]) -> list[Callable[..., list[float | None
     return [_metric_reward(name) for name in names]
 
 
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"verify field {name!r} is {value!r}, not a finite number")
+    return float(value)
+
+
 def _metric_reward(name: str) -> Callable[..., list[float | None]]:
     column = name if name not in RESERVED_FIELDS else f"verify_{name}"
 
     def reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
-        if "env_reward" not in kwargs:
-            raise ValueError(f"reward function 'metric_{name}' needs the columns of nemo_gym_rollout_func's "
-                             "rollouts; use it with rollout_func=nemo_gym_rollout_func(...)")
-        values = kwargs.get(column) or [None] * len(completions)
-        out: list[float | None] = []
-        for value, episode_reward in zip(values, kwargs["env_reward"]):
-            if episode_reward is None or value is None:
-                out.append(None)  # a failed episode is unscorable, as for env_reward
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"verify field {name!r} is {value!r}, not a finite number")
-            else:
-                out.append(float(value))
-        return out
+        if "env_reward" in kwargs:  # rollout_func: the rollout's columns
+            values = kwargs.get(column) or [None] * len(completions)
+            return [None if episode is None or value is None else _number(name, value)
+                    for value, episode in zip(values, kwargs["env_reward"])]
+        environments = kwargs.get("environments")
+        if environments:  # environment_factory: each environment's verdict
+            from nemo_gym_env.adapters.trl.environment import verdict_of
+
+            out: list[float | None] = []
+            for environment in environments:
+                verdict = verdict_of(environment)
+                value = None if verdict is None else verdict.get(name)
+                out.append(None if value is None else _number(name, value))
+            return out
+        raise ValueError(f"reward function 'metric_{name}' needs the columns of nemo_gym_rollout_func's rollouts "
+                         "or the environments of nemo_gym_environment; use it with one of them")
 
     reward.__name__ = reward.__qualname__ = f"metric_{name}"
     return reward

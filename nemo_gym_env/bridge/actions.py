@@ -44,10 +44,34 @@ from gymnasium import spaces
 
 from nemo_gym_env.errors import ActionError, ConfigError
 
-__all__ = ["ACTION_TAG", "ActionFormat"]
+__all__ = ["ACTION_TAG", "ActionFormat", "action_tags"]
 
 ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
-"""The tag an answer goes in; the last one of a turn counts."""
+"""The tag an answer goes in; the last one of a turn counts (:func:`action_tags` reads them)."""
+
+_OPEN = re.compile(r"<action>", re.IGNORECASE)
+_CLOSE = re.compile(r"</action>", re.IGNORECASE)
+
+
+def action_tags(text: str) -> list[str]:
+    """The contents of the ``<action>...</action>`` tags of ``text``, as ``ACTION_TAG.findall`` reads them, in
+    linear time: the regular expression backtracks over every opening tag that has no closing one (a turn of
+    100,000 characters of ``<action>`` took it 10 s), this reads each character once.
+
+    Example:
+        >>> action_tags("<action>1</action> then <ACTION> 2 </action><action>never closed")
+        ['1', ' 2 ']
+    """
+    found, position = [], 0
+    while True:
+        opened = _OPEN.search(text, position)
+        if opened is None:
+            return found
+        closed = _CLOSE.search(text, opened.end())
+        if closed is None:  # no closing tag after this one: none after any later opening tag either
+            return found
+        found.append(text[opened.end(): closed.start()])
+        position = closed.end()
 
 _MAX_READ = 100_000  # a turn longer than this is read from its end: the answer is the last tag
 _SHOWN = 60  # how much of a wrong answer is quoted back
@@ -129,7 +153,7 @@ class ActionFormat:
             ActionError: no action could be read; the message says why and restates the format.
         """
         text = text[-_MAX_READ:]
-        tags = ACTION_TAG.findall(text)
+        tags = action_tags(text)
         if tags:
             return self._read(tags[-1].strip(), tagged=True)
         bare = text.strip()

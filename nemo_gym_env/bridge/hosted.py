@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import HTTPException
+from starlette.concurrency import run_in_threadpool
 from pydantic import Field
 
 from nemo_gym_env.errors import ActionError
@@ -182,7 +183,8 @@ class HostedEnvServer(GymnasiumServer):
             return f"The environment failed: {game.failed['error']}", 0.0, False, True, game.failed
         game.steps += 1
         try:
-            move = self.parse_action(game, extract_text(action))
+            # Off the event loop: a long turn (or a slow parser of the user's) must not stall other sessions.
+            move = await run_in_threadpool(self.parse_action, game, extract_text(action))
         except ActionError as exc:
             game.invalid_in_a_row += 1
             limit = self.config.max_invalid_turns

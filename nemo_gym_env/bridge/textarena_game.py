@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr
 
+from nemo_gym_env.bridge.actions import action_tags
 from nemo_gym_env.bridge.hosted import Game, HostedConfig, HostedEnvServer
 from nemo_gym_env.bridge.loading import load_object
 from nemo_gym_env.bridge.opponents import BUILTIN_OPPONENTS, PolicyOpponent
@@ -55,7 +56,6 @@ __all__ = ["INSTALL", "TextArenaConfig", "TextArenaServer", "make_game", "observ
 
 INSTALL = "pip install 'nemo-gym-env[textarena]'"
 
-_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _NETWORK_HINTS = ("nltk", "download", "urlopen", "connection", "resolve", "network", "http")
 _MAX_OPPONENT_MOVES = 1000  # per model turn: a game that never hands the turn back is a failure, not a hang
 
@@ -200,7 +200,7 @@ class TextArenaServer(HostedEnvServer):
 
     def parse_action(self, game: Game, text: str) -> str:
         """The content of the last ``<action>`` tag, else the whole turn; an empty turn is no move."""
-        tags = _TAG.findall(text[-100_000:])
+        tags = action_tags(text[-100_000:])
         move = (tags[-1] if tags else text).strip()
         if not move:
             raise ActionError("your answer was empty")

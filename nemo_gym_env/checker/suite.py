@@ -8,11 +8,13 @@ check               passes when
 ==================  ===============================================================================
 reachable           ``GET /`` answers (a 404 is a warning: no liveness route)
 protocol            the routes of one protocol are there
-session_cookie      starting an episode sets a session cookie
+session_cookie      starting an episode answers a JSON object and sets a session cookie
 isolation           two sessions played interleaved on the example rows answer as each alone, with
                     distinct cookies
 tools               every tool is a valid OpenAI function definition (``/openapi.json``)
-end_empty           ``/verify`` (``/step``) of an empty trajectory: 200 and a finite reward
+end_empty           ``/verify`` (``/step``) of an empty trajectory: 200 and a finite reward that judges the
+                    episode (no verifier failure: a ``failure_kind`` of the verifier's own, a
+                    ``failure_reason`` that is an exception, ``mask_sample``; a trainer masks those)
 end_wrong           the same for a wrong trajectory (an unknown tool, arguments that are not JSON)
 malformed_body      a body that is not JSON gets a 4xx
 oversized_body      a body over ``oversized_mb`` gets a 4xx (413)
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +44,7 @@ from typing import Any
 from nemo_gym_env.checker.probes import Answer, Prober, percentiles
 from nemo_gym_env.checker.report import Report
 from nemo_gym_env.checker.schemas import function_definitions
+from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.types import make_response
 
 __all__ = ["CHECKS", "CheckSettings", "check_server"]
@@ -115,6 +119,9 @@ class _Run:
         if answer.reward() is None and not (self.gymnasium and isinstance(answer.body, dict)
                                             and "reward" not in answer.body):
             return "fail", f"no finite reward: {answer.evidence()}"
+        failure = _judged_nothing(answer.body)
+        if failure is not None:
+            return "fail", f"the verifier judged nothing ({failure}); a trainer masks such a reply: {answer.evidence()}"
         if self.gymnasium and not all(isinstance((answer.body or {}).get(k), bool) for k in ("terminated", "truncated")):
             return "fail", f"terminated/truncated are not booleans: {answer.evidence()}"
         return "pass", answer.evidence()
@@ -151,6 +158,10 @@ class _Run:
         answer = await self.start(self.rows[0], jar)
         if not answer.ok:
             self.report.add("session_cookie", "fail", f"cannot start an episode: {answer.evidence()}")
+            return
+        if not isinstance(answer.body, dict):
+            self.report.add("session_cookie", "fail", f"{self.start_route} answered something that is not a JSON "
+                                                      f"object: {answer.evidence()}")
             return
         if not jar:
             self.report.add("session_cookie", "warn", f"no session cookie set: {answer.evidence()}")
@@ -364,3 +375,20 @@ def _fail_rest(report: Report, why: str) -> None:
     for name in CHECKS:
         if name not in done:
             report.add(name, "fail", why)
+
+
+_EXCEPTION = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception)\b)")
+
+
+def _judged_nothing(body: Any) -> str | None:
+    """Why a verify reply judges nothing, as a trainer reads it (``protocol.failures``: a ``failure_kind`` of the
+    verifier's own failure, ``mask_sample``), or because its ``failure_reason`` is an exception; else None."""
+    if not isinstance(body, dict):
+        return None
+    failure = verdict_failure(body)
+    if failure is not None:
+        return failure[1]
+    reason = body.get("failure_reason")
+    if isinstance(reason, str) and _EXCEPTION.match(reason.strip()):
+        return f"failure_reason is an exception: {reason[:200]}"
+    return None

@@ -34,6 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nemo_gym_env.errors import LaunchError
 from nemo_gym_env.launch.launcher import ServerProcess
+from nemo_gym_env.system.hosts import HostCheckMiddleware, HostPolicy
 from nemo_gym_env.system.net import DEFAULT_HOST, answers_ok, http_url, listen_socket
 from nemo_gym_env.system.redaction import redact, scrub, secret_values
 
@@ -111,6 +112,19 @@ def head_address(cfg: DictConfig | Mapping[str, Any]) -> tuple[str, int]:
     return host, port
 
 
+def head_allowed_hosts(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """``head_server.allowed_hosts`` of the config: names the head server answers to besides its own."""
+    block = cfg.get(HEAD_SERVER_KEY) if hasattr(cfg, "get") else None
+    if OmegaConf.is_config(block):
+        block = OmegaConf.to_container(block, resolve=True)
+    names = block.get("allowed_hosts") if isinstance(block, Mapping) else None
+    if names is None:
+        return []
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise LaunchError(f"head_server.allowed_hosts must be a list of names, got {names!r}")
+    return list(names)
+
+
 def global_config_dict(
     cfg: DictConfig | Mapping[str, Any], processes: Iterable[ServerProcess], head: tuple[str, int]
 ) -> dict[str, Any]:
@@ -170,6 +184,9 @@ class HeadServer:
         from fastapi import FastAPI
 
         app = FastAPI(title="nemo-gym-env head server", docs_url=None, redoc_url=None, openapi_url=None)
+        # Only its own names (DNS rebinding: a page must not read the config through a name of its own).
+        app.add_middleware(HostCheckMiddleware, policy=HostPolicy(self.host, head_allowed_hosts(self.cfg)),
+                           label="the head server")
 
         @app.get("/")
         async def liveness() -> dict[str, str]:

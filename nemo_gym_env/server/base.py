@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.middleware.sessions import SessionMiddleware
 
 from nemo_gym_env.errors import ConfigError
+from nemo_gym_env.system.hosts import HostCheckMiddleware, HostPolicy
 from nemo_gym_env.protocol.keys import STEP_REWARD_HEADER
 from nemo_gym_env.protocol.metrics import aggregate_metrics
 from nemo_gym_env.protocol.types import (
@@ -138,6 +139,16 @@ class BaseResourcesServerConfig(BaseModel):
     """A JSONL task list whose rows an MCP client names by index (``seed_session`` with ``task_index``)."""
     mcp_call_timeout_s: float = 60.0
     """The longest one MCP tool call (and its seed) may take."""
+    mcp_session_idle_s: float = 600.0
+    """How long an MCP handshake session may stay idle before it ends (and its episode); at ``max_sessions`` the
+    least recently used idle one ends for a new client instead."""
+    mcp_max_trajectory_bytes: int | None = None
+    """The most an MCP episode's recorded tool arguments and outputs may hold; None: half of ``max_body_bytes``,
+    so that its ``/verify`` body always fits. The call that would pass it is refused, naming the cap."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Names the server answers to besides its loopback names and the address it is bound to (``*``: any).
+    A request naming another host gets 421, a state-changing one from a page of another site 403
+    (``nemo_gym_env.system.hosts``; docs/security.md). A server bound to every interface with none answers to any."""
 
 
 async def _verify_is_post_only() -> Response:
@@ -302,6 +313,11 @@ class SimpleResourcesServer(BaseModel):
         install_error_handlers(app, server_name)
         app.add_middleware(CatchAllMiddleware, server_name=server_name)
         app.add_middleware(BodyLimitMiddleware, max_body_bytes=self.config.max_body_bytes, jsonrpc_paths=jsonrpc_paths)
+        app.add_middleware(HostCheckMiddleware, policy=self.host_policy(), label=server_name)  # outermost: first
         return app
+
+    def host_policy(self) -> HostPolicy:
+        """The names this server answers to (its bind address, loopback, ``allowed_hosts``)."""
+        return HostPolicy(self.config.host, self.config.allowed_hosts)
 
 

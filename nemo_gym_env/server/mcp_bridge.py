@@ -31,10 +31,13 @@ ends the episode (the env reports the reason in ``info["error"]``).
 
 The reward: ``score(row, trajectory)``, a method a subclass overrides; by default the config's
 ``verify`` function (``file.py:function``, relative to the server's folder, or
-``package.module:function``), else the MCP tool the row names (``verify_tool``), or the config's
-``verify_tool``: ``{"name": ..., "arguments": {...}, "answer_argument": "answer"}`` (a bare name
-is ``{"name": name}``), called in the episode's own MCP session before it closes; the reward is its
-structured ``reward``, or its text read as a number.
+``package.module:function``), else the config's ``verify_tool``: ``{"name": ..., "arguments":
+{...}, "answer_argument": "answer"}`` (a bare name is ``{"name": name}``), called in the episode's
+own MCP session before it closes; the reward is its structured ``reward``, or its text read as a
+number. The reward is the server's, never the task row's: a row may give the verify tool its own
+ground truth (``verify_tool: {"name": <the config's>, "arguments": {...}}``, merged over the
+config's arguments), but a row that names another tool scores 0 with a ``verifier_error`` naming
+the refusal, and that tool is never called.
 """
 
 from __future__ import annotations
@@ -370,11 +373,12 @@ class McpResourcesServer(SimpleResourcesServer):
             if inspect.iscoroutinefunction(self._verify_function):
                 return await self._verify_function(row, trajectory)
             return await run_in_threadpool(self._verify_function, row, trajectory)
-        named = row.get("verify_tool") or self.config.verify_tool
+        named = self.config.verify_tool
         if named is None:
             raise ConfigError(f"{self.label} has no reward: set `verify` (a Python function) or `verify_tool` in "
-                              "the config, name a `verify_tool` in the row, or override score()")
+                              "the config, or override score()")
         tool = VerifyTool(name=named) if isinstance(named, str) else VerifyTool.model_validate(named)
+        tool = tool.model_copy(update={"arguments": {**tool.arguments, **self._row_verify_arguments(row, tool.name)}})
         upstream = self._upstreams.get(session_id)
         if upstream is None:
             raise McpError(f"{self.label}: the verify tool {tool.name!r} needs the episode's MCP session, "
@@ -386,6 +390,21 @@ class McpResourcesServer(SimpleResourcesServer):
         if result.is_error:
             raise McpError(f"the verify tool {tool.name!r} failed: {result_text(result)[:500]}")
         return reward_of(result)
+
+
+    def _row_verify_arguments(self, row: dict[str, Any], tool_name: str) -> dict[str, Any]:
+        """The verify tool's arguments a row gives (its ground truth); a row may not choose the scoring tool."""
+        named = row.get("verify_tool")
+        if named is None:
+            return {}
+        name = named if isinstance(named, str) else named.get("name") if isinstance(named, Mapping) else None
+        if name != tool_name:
+            raise ValueError(f"the row names {str(name)[:100]!r} as its verify tool: a task row may not choose the "
+                             f"scoring tool ({self.label} scores with its config's {tool_name!r})")
+        arguments = named.get("arguments", {}) if isinstance(named, Mapping) else {}
+        if not isinstance(arguments, Mapping):
+            raise ValueError(f"the row's verify_tool arguments are {type(arguments).__name__}, not an object")
+        return dict(arguments)
 
 
 def reward_of(result: CallToolResult) -> float | dict[str, Any]:

@@ -4,7 +4,10 @@ An MCP client's episode is an ordinary resources-server session: :class:`Episode
 ``/seed_session``, the tool routes, ``/verify`` and ``/close_session`` to the server's own app
 in process (through every middleware, as a request from the network would go), with the
 episode's own cookie jar, and records the episode's items as the env records them, so the same
-moves score the same reward over MCP as through ``gym.make``. Every call is bounded by a timeout.
+moves score the same reward over MCP as through ``gym.make``. Every call is bounded by a timeout,
+and an episode's recorded items by ``max_trajectory_bytes``: a call whose arguments would pass it
+is refused before it runs, an output that would pass it is kept (and returned) cut to what fits,
+with a note, so the episode's ``/verify`` body always fits the server's body limit and scores.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class McpEpisode:
     items: list[dict[str, Any]] = field(default_factory=list)
     step_rewards: list[float] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    nbytes: int = 0
+    """Bytes of the recorded arguments and outputs (bounded by the runner's ``max_trajectory_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -78,17 +83,21 @@ class EpisodeRunner:
         label: The server, for messages.
         call_timeout_s: The longest a seed, a tool call or a close may take.
         verify_timeout_s: The longest ``/verify`` may take.
+        max_trajectory_bytes: The most an episode's recorded arguments and outputs may hold (see the module
+            docstring); keep it under the server's body limit, which the ``/verify`` body must fit.
     """
 
-    def __init__(self, app: Any, label: str, *, call_timeout_s: float = 60.0, verify_timeout_s: float = 300.0):
+    def __init__(self, app: Any, label: str, *, call_timeout_s: float = 60.0, verify_timeout_s: float = 300.0,
+                 max_trajectory_bytes: int = 16 * 1024 * 1024):
         self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.label = label
         self.call_timeout_s = call_timeout_s
         self.verify_timeout_s = verify_timeout_s
+        self.max_trajectory_bytes = max_trajectory_bytes
 
     def new_client(self) -> httpx.AsyncClient:
         """A client with an empty cookie jar, on the shared in-process transport."""
-        return httpx.AsyncClient(transport=self.transport, base_url="http://resources.internal",
+        return httpx.AsyncClient(transport=self.transport, base_url="http://localhost",  # a name every server answers to
                                  headers={INNER_HEADER: "1"})
 
     async def _post(self, client: httpx.AsyncClient, route: str, content: bytes, timeout_s: float) -> httpx.Response:
@@ -118,16 +127,29 @@ class EpisodeRunner:
         The call and its output join the episode's items as the env records them.
         """
         text = json.dumps(arguments, ensure_ascii=False)
+        cap = self.max_trajectory_bytes
         async with episode.lock:
+            size = len(text.encode())
+            if episode.nbytes + size > cap:
+                raise McpError(f"{self.label}: this call's arguments ({size:,} bytes) would take the episode's "
+                               f"trajectory past its cap of {_mib(cap)} ({episode.nbytes:,} bytes recorded); "
+                               "nothing was called: end the episode with verify")
             reply = await self._post(episode.client, f"/{name}", text.encode(), self.call_timeout_s)
+            output = reply.text
+            room = cap - episode.nbytes - size
+            if len(output.encode()) > room:
+                note = f"\n[cut: the episode's trajectory reached its cap of {_mib(cap)}; end it with verify]"
+                keep = max(0, room - len(note.encode()))
+                output = output.encode()[:keep].decode("utf-8", "ignore") + note
             call_id = new_id("call")
             episode.items.append({"type": "function_call", "call_id": call_id, "name": name, "arguments": text,
                                   "id": new_id("fc"), "status": "completed"})
-            episode.items.append({"type": "function_call_output", "call_id": call_id, "output": reply.text})
+            episode.items.append({"type": "function_call_output", "call_id": call_id, "output": output})
+            episode.nbytes += size + len(output.encode())
             step_reward = _step_reward(reply)
             if step_reward is not None:
                 episode.step_rewards.append(step_reward)
-            return ToolReply(reply.text, reply.status_code, step_reward)
+            return ToolReply(output, reply.status_code, step_reward)
 
     def verify_body(self, episode: McpEpisode, answer: str) -> dict[str, Any]:
         """The ``/verify`` body of the episode ended by ``answer``: the row plus the whole episode."""
@@ -164,6 +186,10 @@ class EpisodeRunner:
             pass
         finally:
             await episode.client.aclose()
+
+
+def _mib(size: int) -> str:
+    return f"{size:,} bytes ({size / 2**20:g} MiB)"
 
 
 def _step_reward(reply: httpx.Response) -> float | None:

@@ -24,7 +24,11 @@ How a client plays one episode:
 
 Episodes are kept in a :class:`~nemo_gym_env.server.sessions.SessionStore` with the server's own
 cap and idle TTL, so abandoned ones are reaped as the server's sessions are; an MCP session of the
-handshake protocol that ends (``DELETE``, or the SDK's idle timeout) closes its episode.
+handshake protocol that ends (``DELETE``, or the SDK's idle timeout) closes its episode. Handshake
+sessions idle out after ``mcp_session_idle_s`` (10 minutes: an episode's length, not an hour),
+and at the cap (``max_sessions``) a client opening a new one is served by ending the least
+recently used idle one, not refused; only when every open session has a request in flight does a
+new one get 503.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import contextlib
 import json
 import types
 import typing
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -146,16 +151,23 @@ class McpExposure:
         self.tasks = self._load_tasks(config)
         self.episodes: SessionStore[McpEpisode] = SessionStore(config.max_sessions, config.session_ttl_s)
         self.bound: SessionStore[str] = SessionStore(config.max_sessions, config.session_ttl_s)
-        self.runner = EpisodeRunner(app, self.label, call_timeout_s=config.mcp_call_timeout_s)
+        self.runner = EpisodeRunner(app, self.label, call_timeout_s=config.mcp_call_timeout_s,
+                                    max_trajectory_bytes=config.mcp_max_trajectory_bytes or config.max_body_bytes // 2)
         self._route_tools: list[Tool] | None = None
         self.mcp = Server(config.name or type(server).__name__, on_list_tools=self.list_tools,
                           on_call_tool=self.call_tool)
-        # Reached over loopback by default like every route of the server, which has no Host check either.
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        # The server's own Host and Origin check runs first (build_app); the SDK's says the same names again.
+        policy = server.host_policy()
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=not policy.any_host,
+                                             allowed_hosts=policy.host_patterns(),
+                                             allowed_origins=policy.origin_patterns())
         common = {"json_response": True, "security_settings": security,
                   "max_request_body_size": config.max_body_bytes}
-        self.sessions = StreamableHTTPSessionManager(self.mcp, session_idle_timeout=config.session_ttl_s,
-                                                     max_sessions=config.max_sessions, **common)
+        self.max_mcp_sessions = config.max_sessions
+        self.sessions = StreamableHTTPSessionManager(
+            self.mcp, session_idle_timeout=min(config.session_ttl_s, config.mcp_session_idle_s),
+            max_sessions=config.max_sessions, **common)
+        self._opened: OrderedDict[str, int] = OrderedDict()  # handshake session id -> requests in flight, LRU first
         self.stateless = StreamableHTTPSessionManager(self.mcp, stateless=True, **common)
 
     def _load_tasks(self, config: Any) -> list[dict[str, Any]] | None:
@@ -197,10 +209,59 @@ class McpExposure:
         if _MCP_SESSION_HEADER not in headers and SESSION_TOKEN_HEADER in headers:
             await self.stateless.handle_request(scope, receive, send)
             return
-        await self.sessions.handle_request(scope, receive, send)
         mcp_session = headers.get(_MCP_SESSION_HEADER)
-        if scope.get("method") == "DELETE" and mcp_session:
+        if mcp_session is None:
+            if scope.get("method") == "POST":
+                await self._make_room(scope)
+            await self.sessions.handle_request(scope, receive, self._noting_opened(send))
+            return
+        opened = mcp_session in self._opened
+        if opened:
+            self._opened[mcp_session] += 1
+            self._opened.move_to_end(mcp_session)
+        try:
+            await self.sessions.handle_request(scope, receive, send)
+        finally:
+            if opened and mcp_session in self._opened:
+                self._opened[mcp_session] -= 1
+        if scope.get("method") == "DELETE":
+            self._opened.pop(mcp_session, None)
             await self._end_binding(mcp_session)
+
+    def _noting_opened(self, send: Any) -> Any:
+        """``send``, remembering the session id the SDK hands a new session."""
+        async def noting(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                for key, value in message.get("headers", ()):
+                    if key.lower() == _MCP_SESSION_HEADER.encode():
+                        self._opened[value.decode("latin-1")] = 0
+            await send(message)
+
+        return noting
+
+    async def _make_room(self, scope: dict) -> None:
+        """At the cap, end the least recently used idle handshake sessions (the SDK would refuse with 503)."""
+        while len(self._opened) >= self.max_mcp_sessions:
+            idle = next((sid for sid, busy in self._opened.items() if busy == 0), None)
+            if idle is None:
+                return  # every session has a request in flight: the SDK's 503 stands
+            await self._end_session(idle, scope)
+
+    async def _end_session(self, mcp_session: str, scope: dict) -> None:
+        """End a handshake session as its client's ``DELETE`` would (the SDK's own path), and its episode."""
+        self._opened.pop(mcp_session, None)
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() in (b"host", b"origin")]
+        delete = {**scope, "method": "DELETE", "headers": [*headers, (_MCP_SESSION_HEADER.encode(), mcp_session.encode())],
+                  "query_string": b""}
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def discard(message: dict) -> None:
+            return None
+
+        await self.sessions.handle_request(delete, receive, discard)
+        await self._end_binding(mcp_session)
 
     async def _end_binding(self, mcp_session: str) -> None:
         token = self.bound.pop(mcp_session, None)
@@ -309,6 +370,11 @@ class McpExposure:
         answer = arguments.get("answer", "")
         if not isinstance(answer, str) or set(arguments) - {"answer"}:
             raise _fault(f"{self.label}: verify takes {{\"answer\": string}}", INVALID_PARAMS)
+        room = self.runner.max_trajectory_bytes - episode.nbytes
+        if len(answer.encode()) > room:
+            raise _fault(f"{self.label}: the answer ({len(answer.encode()):,} bytes) would take the episode past its "
+                         f"trajectory cap ({self.runner.max_trajectory_bytes:,} bytes; {room:,} left): send a "
+                         "shorter one", INVALID_PARAMS)
         self._forget(request, episode)
         try:
             verdict = await self.runner.verify(episode, answer)

@@ -18,6 +18,14 @@ A server that writes text that is not JSON-RPC to stdout does not disturb the SD
 lines are skipped, and a request they were meant to answer times out. A reply of the wrong shape
 fails its own call (``gone=False``).
 
+A stdio server runs in a process group of its own (the SDK starts it in a new session; a shell
+line that ``exec``s it first tells this side its process id on stderr). Its whole group is killed
+when the connection closes (``/close_session``, idle reaping, the resources server's shutdown),
+so a child it started (a tool that runs ``sleep 600``) does not outlive it; and a watcher notices
+the server's own exit even while such a child still holds its pipes (the SDK would wait for the
+pipes to close, and every call would time out): the connection is then gone, and the group
+killed.
+
 Example::
 
     connection = McpConnection(McpServerSpec(command="{python}", args=["-m", "mcp_server_time"]),
@@ -33,6 +41,7 @@ import asyncio
 import collections
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +63,13 @@ CLOSE_TIMEOUT_S = 10.0
 
 STDERR_TAIL_BYTES = 4096
 """How much of a stdio server's stderr is kept, to say why it failed."""
+
+WATCH_INTERVAL_S = 0.25
+"""How often the watcher checks that a stdio server's own process is still alive."""
+
+_PID_MARKER = "NEMO-GYM-ENV-MCP-PID"
+_LAUNCH = f'printf "{_PID_MARKER} %s\\n" "$$" >&2; exec "$0" "$@"'
+"""A POSIX shell line that says its process id on stderr, then becomes the server (same process, same group)."""
 
 
 class McpServerSpec(BaseModel):
@@ -120,11 +136,26 @@ class _Tail(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.closed = asyncio.Event()
+        self.pid: int | None = None
+        self._head = b""  # stderr before its first line ends: where the launch line says the process id
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set()
 
     def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            self._head += data
+            line, newline, rest = self._head.partition(b"\n")
+            if not newline and len(self._head) < 256:
+                return
+            self._head = None  # type: ignore[assignment]
+            words = line.decode("ascii", "replace").split()
+            if len(words) == 2 and words[0] == _PID_MARKER and words[1].isdigit():
+                self.pid, data = int(words[1]), rest
+            else:
+                data = line + newline + rest
+            if not data:
+                return
         self.chunks.append(data)
         self.size += len(data)
         while self.size > STDERR_TAIL_BYTES and len(self.chunks) > 1:
@@ -164,6 +195,7 @@ class McpConnection:
         self._gone: str | None = None
         self._tail: _Tail | None = None
         self._tail_transport: asyncio.ReadTransport | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     # ---- life ---------------------------------------------------------------------------------
 
@@ -194,6 +226,30 @@ class McpConnection:
             await self._stderr_done()
             await self.close()
             raise McpError(self._with_stderr(f"{self.label} could not start: {self._failure}"), gone=True)
+        if self.pid is not None:
+            self._watcher = asyncio.create_task(self._watch(), name=f"mcp-watch {self.label}")
+
+    @property
+    def pid(self) -> int | None:
+        """The stdio server's process id (its process group's too), once it said it; None for a URL."""
+        return self._tail.pid if self._tail is not None else None
+
+    async def _watch(self) -> None:
+        """Notice the server's own exit, even while a child of it holds its pipes; then end its group."""
+        pid = self.pid
+        assert pid is not None
+        while self._client is not None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if not _process_alive(pid):
+                self._mark_gone("it exited")
+                self._end_group()
+                return
+
+    def _end_group(self) -> None:
+        """Kill what is left of the server's process group, once (its id is not used again after)."""
+        if self._tail is not None and self._tail.pid is not None:
+            _kill_group(self._tail.pid)
+            self._tail.pid = None
 
     async def _own(self, errlog: Any) -> None:
         try:
@@ -217,8 +273,10 @@ class McpConnection:
             http = httpx2.AsyncClient(headers=self.spec.headers,
                                       timeout=httpx2.Timeout(self.call_timeout_s, connect=self.start_timeout_s))
             return streamable_http_client(self.spec.url, http_client=http)
-        params = StdioServerParameters(command=self.spec.command or "", args=self.spec.args,
-                                       env=self.spec.env, cwd=self.spec.cwd)
+        command, args = self.spec.command or "", self.spec.args
+        if os.name == "posix":  # the same process, after saying its id (see the module docstring)
+            command, args = "/bin/sh", ["-c", _LAUNCH, command, *args]
+        params = StdioServerParameters(command=command, args=args, env=self.spec.env, cwd=self.spec.cwd)
         return stdio_client(params, errlog=errlog)
 
     async def close(self) -> None:
@@ -235,6 +293,10 @@ class McpConnection:
             except (TimeoutError, Exception):  # noqa: BLE001 - closing never fails the caller
                 task.cancel()
                 await asyncio.wait([task], timeout=CLOSE_TIMEOUT_S)
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+        self._end_group()  # what the server started goes with it
         if self._tail_transport is not None:
             self._tail_transport.close()
             self._tail_transport = None
@@ -315,3 +377,28 @@ class McpConnection:
         tail = self._tail.text() if self._tail is not None else ""
         lines = [line.strip() for line in tail.splitlines() if line.strip()][-8:]
         return f"{message}; stderr: {' | '.join(reversed(lines))}" if lines else message
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel (a zombie then counts as alive)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in group ``pgid`` (the server and what it started); gone already is fine."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

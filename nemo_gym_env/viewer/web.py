@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from nemo_gym_env.errors import PageRequestError
+from nemo_gym_env.system.hosts import HostPolicy
 from nemo_gym_env.system.net import is_loopback
 from nemo_gym_env.viewer.rows import Scrubber
 
@@ -84,15 +85,6 @@ def serve_static(app: FastAPI, *, page: str) -> None:
         return Response(_static_bytes(name), media_type=STATIC_FILES[name], headers={"Cache-Control": "no-store"})
 
 
-def _host_allowed(host_header: str, bind_host: str) -> bool:
-    host = host_header.strip().lower()
-    if host.startswith("["):  # [::1]:8000
-        host = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host in ("localhost", bind_host.strip("[]").lower()) or is_loopback(host)
-
-
 def _content_length(request: Request) -> int:
     try:
         return int(request.headers.get("content-length") or 0)
@@ -105,11 +97,12 @@ def protect(app: FastAPI, *, bind_host: str, scrub: Callable[[str], str]) -> Non
 
     ``scrub`` masks secrets in error messages (they may quote a server's reply).
     """
-    check_host = is_loopback(bind_host)  # bound to the network on purpose: any name may reach it
+    # Bound to the network on purpose: any name may reach it; on loopback, only loopback names.
+    policy = HostPolicy(bind_host, () if is_loopback(bind_host) else ("*",))
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if check_host and not _host_allowed(request.headers.get("host", ""), bind_host):
+        if not policy.host_ok(request.headers.get("host", "")):
             response: Response = JSONResponse({"error": "this server answers only to its loopback address"}, 421)
         elif request.method not in ("GET", "HEAD") and not request.headers.get("content-type", "").startswith(
                 "application/json"):

@@ -96,12 +96,16 @@ def _exchange(tool: str, arguments: dict[str, str], output: dict[str, Any]) -> l
 
 
 def _shot(question: str, badges: dict[str, int], answer: str, submitted: str | None = None) -> list[dict[str, str]]:
+    """A worked example: the question, one lookup per turn, then the answer (with ``submitted``: the answer's
+    sentence and the ``submit_answer`` call in one turn, its reply, and a short closing turn)."""
     turns = [{"role": "user", "content": question}]
     for name, badge in badges.items():
         turns += _exchange(TOOL_NAME, {"name": name}, {"name": name, "badge": badge})
-    if submitted is not None:
-        turns += _exchange(ANSWER_TOOL_NAME, {"answer": submitted}, {"answer": submitted, "recorded": True})
-    return [*turns, {"role": "assistant", "content": answer}]
+    if submitted is None:
+        return [*turns, {"role": "assistant", "content": answer}]
+    call, reply = _exchange(ANSWER_TOOL_NAME, {"answer": submitted}, {"answer": submitted, "recorded": True})
+    return [*turns, {"role": "assistant", "content": f"{answer}\n{call['content']}"}, reply,
+            {"role": "assistant", "content": "Submitted."}]
 
 
 SHOTS = [
@@ -115,10 +119,13 @@ tool replies as ``<tool_response>`` user turns), so a small model sees the excha
 
 ANSWER_SHOTS = [
     *_shot("Who has the larger badge number, Sam Berg or Tom Ruiz?", {"Sam Berg": 415, "Tom Ruiz": 388},
-           "Sam Berg has 415 and Tom Ruiz has 388: I submitted Sam Berg.", submitted="Sam Berg"),
-    *_shot("What is the badge number of Lee Park?", {"Lee Park": 123}, "I submitted 123.", submitted="123"),
+           "Sam Berg has 415 and Tom Ruiz has 388, so the answer is Sam Berg.", submitted="Sam Berg"),
+    *_shot("What is the badge number of Lee Park?", {"Lee Park": 123}, "The badge number of Lee Park is 123.",
+           submitted="123"),
 ]
-"""The worked examples of ``answer_tool=True`` rows: the same exchanges, the answer given with ``submit_answer``."""
+"""The worked examples of ``answer_tool=True`` rows: the same exchanges, the answer's sentence followed by its
+``submit_answer`` call in the same turn (a small model that writes the sentence goes on to the call; with the call
+in a turn of its own, SmolLM2 wrote "I submitted 123." in words and made no call: 2 of 192 samples submitted)."""
 
 _SHOT_ENDS = (0, 6, len(SHOTS))  # SHOTS[:end] holds the first 0, 1 or 2 examples
 _ANSWER_SHOT_ENDS = (0, 8, len(ANSWER_SHOTS))

@@ -2,7 +2,9 @@
 
 Not a model: it reads the row's ``names`` and ``kind``. With ``correct=True`` it looks every
 name up, one call per turn, then answers from the tool's replies (reward 1.0); with
-``correct=False`` it looks everyone up and then gives a wrong answer (reward 0.0).
+``correct=False`` it looks everyone up and then gives a wrong answer (reward 0.0). A row that
+offers ``submit_answer`` (``make_dataset(answer_tool=True)``) gets the answer through that tool,
+then a closing message.
 
 Example:
     >>> row = {"kind": "single", "names": ["Ada Moreau"]}
@@ -53,4 +55,9 @@ def scripted_action(row: dict[str, Any], history: list[Any], *, correct: bool = 
     else:
         ranked = sorted(names, key=lambda name: badges.get(name, 0))
         answer = ranked[-1] if correct else ranked[0]
+    tools = {tool.get("name") for tool in row.get("responses_create_params", {}).get("tools") or []}
+    if "submit_answer" in tools:
+        if turn == len(names):
+            return [function_call(turn, 0, "submit_answer", {"answer": answer})]
+        return [assistant_message("I submitted the answer.", f"msg_t{turn}")]
     return [assistant_message(f"The answer is \\boxed{{{answer}}}.", f"msg_t{turn}")]

@@ -98,3 +98,34 @@ def test_docstring_examples(module):
         pytest.importorskip("textarena")
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("adversarial", ["<action>" * 125_000, "<ACTION>x" * 110_000, "<action></action" * 60_000])
+def test_reading_the_tags_is_linear_on_a_megabyte_of_tag_prefixes(adversarial):
+    """The regular expression took 10 s on 100,000 characters of '<action>' (and held the server's event loop);
+    the tag reader reads a megabyte of them in about the time it reads plain text."""
+    from nemo_gym_env.bridge.actions import ACTION_TAG, action_tags
+    from nemo_gym_env.server.testing import times_slower_than_plain
+
+    assert len(adversarial) >= 960_000
+    assert times_slower_than_plain(action_tags, adversarial) < 50
+    fmt = ActionFormat.for_space(spaces.Discrete(4), names=NAMES)
+    assert times_slower_than_plain(lambda text: _parse_or_error(fmt, text), adversarial) < 50
+    sample = adversarial[:3000] + "<action>up</action>" + adversarial[:3000]
+    assert action_tags(sample) == ACTION_TAG.findall(sample)  # the same tags as the expression reads
+
+
+def _parse_or_error(fmt: ActionFormat, text: str) -> object:
+    try:
+        return fmt.parse(text)
+    except ActionError as exc:
+        return exc
+
+
+@given(st.lists(st.sampled_from(["<action>", "</action>", "<ACTION>", "</Action>", "a", "1", "<", "/", ">", " ",
+                                  "\n"]), max_size=40).map("".join))
+@settings(max_examples=300, deadline=None)
+def test_the_tag_reader_reads_what_the_expression_reads(text):
+    from nemo_gym_env.bridge.actions import ACTION_TAG, action_tags
+
+    assert action_tags(text) == ACTION_TAG.findall(text)

@@ -136,3 +136,64 @@ def test_a_remote_url_is_refused_and_a_wrong_target_is_one_line():
     done = run_cli("check", "no_such_server")
     assert done.returncode == 1 and "no bundled server named 'no_such_server'" in done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2
+
+
+JUDGES_NOTHING = """
+    import uvicorn
+    from fastapi import Request
+    from nemo_gym_env.server import BaseVerifyRequest, SimpleResourcesServer
+
+    class Broken(SimpleResourcesServer):
+        async def verify(self, body: BaseVerifyRequest):
+            return {**body.model_dump()}["expected_answer"]  # KeyError: the row has none
+
+    uvicorn.run(Broken.from_config({"name": "broken"}).build_app(), host="127.0.0.1", port=PORT, log_level="error")
+"""
+
+EXCEPTION_AS_REASON = """
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/seed_session")
+    async def seed():
+        return {}
+
+    @app.post("/verify")
+    async def verify(body: dict):
+        return {**body, "reward": 0.0, "failure_reason": "KeyError: 'expected_answer'"}
+
+    uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="error")
+"""
+
+SEEDS_A_LIST = """
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/seed_session")
+    async def seed():
+        return [1, 2, 3]
+
+    @app.post("/verify")
+    async def verify(body: dict):
+        return {**body, "reward": 1.0}
+
+    uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="error")
+"""
+
+
+@pytest.mark.parametrize(("source", "failing", "why"), [
+    (JUDGES_NOTHING, {"end_empty", "end_wrong"}, "verifier_error"),
+    (EXCEPTION_AS_REASON, {"end_empty", "end_wrong"}, "failure_reason is an exception"),
+    (SEEDS_A_LIST, {"session_cookie"}, "not a JSON object"),
+])
+def test_a_verifier_that_judges_nothing_or_a_malformed_seed_fails(serve_script, source, failing, why):
+    url = serve_script(source)
+    done = run_cli("check", url, "--json", "--timeout", "10", "--time-limit", "120", timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    statuses = {c["name"]: c for c in checks_of(done.stdout)}
+    for name in failing:
+        assert statuses[name]["status"] == "fail" and why in statuses[name]["evidence"], statuses[name]

@@ -10,8 +10,9 @@ import time
 __all__ = ["start_serve", "stop_serve"]
 
 
-def start_serve(*args: str, timeout_s: float = 300.0) -> tuple[subprocess.Popen, dict[str, str]]:
-    """``nemo-gym-env serve ARGS`` as a process; returns it and the server URLs it printed."""
+def start_serve(*args: str, timeout_s: float = 300.0, head: bool = False) -> tuple[subprocess.Popen, dict[str, str]]:
+    """``nemo-gym-env serve ARGS`` as a process; returns it and the server URLs it printed (with ``head``, the head
+    server's too, under ``head_server``)."""
     proc = subprocess.Popen([sys.executable, "-m", "nemo_gym_env.cli", "serve", *args, "+head_server.port=0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     urls: dict[str, str] = {}
@@ -19,7 +20,9 @@ def start_serve(*args: str, timeout_s: float = 300.0) -> tuple[subprocess.Popen,
     assert proc.stdout is not None
     for line in proc.stdout:
         match = re.match(r"^\s+(\S+)\s+(http://\S+)(\s+\(MCP: (\S+)\))?", line)
-        if match and match.group(1) != "head_server":
+        if match and match.group(1) == "head_server" and head:
+            urls["head_server"] = match.group(2)
+        elif match and match.group(1) != "head_server":
             urls[match.group(1)] = match.group(2)
             if "--mcp" in args:
                 assert match.group(4) == match.group(2) + "/mcp"  # --mcp says where

@@ -5,6 +5,8 @@ and the SDK-built fixture ``tally.py`` for the reward tool, HTTP, and the ways a
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -218,6 +220,32 @@ def test_the_reward_is_the_tool_the_row_names_in_each_sessions_own_server(tally)
         second.close()
 
 
+def test_a_row_never_chooses_the_scoring_tool(tally, tmp_path):
+    """A row naming another tool (here one with a side effect that claims 1.0) scores 0 with the refusal as its
+    verifier error, and that tool never runs; the config's tool with the row's own ground truth still scores."""
+    url, _ = tally
+    marker = tmp_path / "dangerous_ran"
+    rows = [{"responses_create_params": {"input": "add to five"},
+             "verify_tool": {"name": "dangerous", "arguments": {"path": str(marker)}}},
+            {"responses_create_params": {"input": "add to five"}, "verify_tool": "dangerous"}]
+    for index in range(len(rows)):
+        env = _tally_env(url, rows)
+        try:
+            env.reset(options={"task_index": index})
+            env.step(_add(0, 5))  # the config's tool would give 1.0
+            _, reward, terminated, truncated, info = env.step([assistant_message("done")])
+            verdict = env.unwrapped.last_verify
+        finally:
+            env.close()
+        assert reward == 0.0 and (terminated or truncated)
+        assert verdict["failure_kind"] == "verifier_error"
+        assert "may not choose the scoring tool" in verdict["failure_reason"]
+    assert not marker.exists()
+    # Through the server's own routes too: the tool is not among them (the model cannot call it either).
+    assert httpx.post(f"{url}/dangerous", json={"path": str(marker)}, timeout=10).status_code == 404
+    assert not marker.exists()
+
+
 def test_a_hanging_tool_is_an_error_output_and_the_episode_goes_on(tally):
     env = _tally_env(tally[0], [{"responses_create_params": {"input": "x"}}])
     try:
@@ -244,6 +272,36 @@ def test_a_server_that_exits_ends_the_episode_with_the_reason(tally):
         assert "exited during tool 'crash'; stderr: tally: crashing on purpose" in info["error"]
     finally:
         env.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+def test_what_an_upstream_server_starts_ends_with_it_and_a_dead_one_is_gone_not_hung(tally):
+    """A tool that starts a child (sleep 600, holding the server's stdout and stderr): the child ends with the
+    episode's MCP server at close_session; and when the server itself dies while such a child holds its pipes,
+    the next call answers 410 Gone at once (it waited for the pipes: 504 on every call), and the child ends."""
+    url = tally[0]
+    with httpx.Client(base_url=url, timeout=60) as client:
+        assert client.post("/seed_session", json={"responses_create_params": {"input": "x"}}).status_code == 200
+        child = int(client.post("/spawn_child", json={}).text)
+        assert _running(child)
+        assert client.post("/close_session", json={}).status_code == 200
+        assert wait_until(lambda: not _running(child), 30), "the child outlived close_session"
+
+        assert client.post("/seed_session", json={"responses_create_params": {"input": "x"}}).status_code == 200
+        child = int(client.post("/spawn_child", json={}).text)
+        server = int(client.post("/pid", json={}).text)
+        os.kill(server, signal.SIGKILL)  # the server dies; its child still holds the pipes
+        started = time.monotonic()
+        assert wait_until(lambda: client.post("/add", json={"amount": 1}).status_code == 410, 20)
+        assert time.monotonic() - started < 20  # within the watcher's poll, not a call timeout each time
+        assert wait_until(lambda: not _running(child), 30), "the child outlived its dead server"
 
 
 @pytest.mark.parametrize("mode,message", [("exit", "cannot start: no configuration"),

@@ -287,3 +287,67 @@ def test_a_gymnasium_protocol_server_refuses_mcp_clearly():
 
     with pytest.raises(ConfigError, match="does not speak .*serve it without --mcp"):
         GuessNumberServer.from_config({"expose_tools_over_mcp": True}).build_app()
+
+
+def _initialize(url: str) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    return httpx.post(url, json=body, headers=ACCEPT, timeout=30)
+
+
+def _ping(url: str, mcp_session: str) -> int:
+    body = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    headers = {**ACCEPT, "mcp-session-id": mcp_session, "mcp-protocol-version": "2025-06-18"}
+    return httpx.post(url, json=body, headers=headers, timeout=30).status_code
+
+
+def test_at_the_cap_the_least_recently_used_idle_handshake_session_makes_room():
+    """Abandoned handshake sessions (opened, never closed) no longer lock new clients out with 503 until they
+    expire: the least recently used idle one ends, and so does its episode."""
+    name = "example_multi_step"
+    block = f"++{name}.resources_servers.{name}"
+    proc, urls = start_serve(name, "--mcp", f"{block}.max_sessions=3")
+    try:
+        url = urls[name] + "/mcp"
+        opened = []
+        for _ in range(3):
+            reply = _initialize(url)
+            assert reply.status_code == 200, reply.text
+            opened.append(reply.headers["mcp-session-id"])
+        assert _ping(url, opened[0]) == 200  # used: the second is now the least recently used
+        for _ in range(4):
+            reply = _initialize(url)
+            assert reply.status_code == 200, reply.text  # was 503 "Too many open sessions" until the TTL
+            opened.append(reply.headers["mcp-session-id"])
+        alive = [sid for sid in opened if _ping(url, sid) == 200]
+        assert alive == opened[-3:]  # the newest three; every evicted one answers 404 now
+        assert _ping(url, opened[1]) == 404
+    finally:
+        stop_serve(proc)
+
+
+def test_an_episodes_trajectory_is_capped_and_the_episode_still_scores():
+    """40 calls of 5 MiB arguments grew the server by 900 MiB and made the episode's /verify too large to send;
+    the trajectory now has a cap: the call that would pass it is refused naming it, and verify scores."""
+    name = "example_single_tool_call"
+    block = f"++{name}.resources_servers.{name}"
+    proc, urls = start_serve(name, "--mcp", f"{block}.mcp_max_trajectory_bytes=120000")
+    try:
+        url = urls[name] + "/mcp"
+
+        async def scenario() -> None:
+            async with Client(url, mode="legacy") as client:
+                await client.call_tool("seed_session", {"task_index": 0})
+                results = [await client.call_tool("get_weather", {"city": "x" * 25_000}) for _ in range(3)]
+                assert not any("trajectory past its cap" in r.content[0].text for r in results[:2])
+                refused = results[2]
+                assert refused.is_error and "trajectory past its cap" in refused.content[0].text
+                assert "cap of 120,000 bytes" in refused.content[0].text  # the cap, named
+                ok = await client.call_tool("get_weather", {"city": "Paris"})  # small calls still fit
+                assert not ok.is_error
+                verdict = await client.call_tool("verify", {"answer": "It is sunny."})
+                assert not verdict.is_error and verdict.structured_content["reward"] in (0.0, 1.0)
+
+        asyncio.run(scenario())
+    finally:
+        stop_serve(proc)

@@ -175,3 +175,60 @@ def test_the_command_line_writes_rows(tmp_path, capsys):
 
 def test_the_answer_reader_is_linear():
     assert times_slower_than_plain(app_module.final_answer, "\\boxed{" * 14_000) < 50
+
+
+ANSWER_ROWS = make_dataset(6, seed=0, split="train", answer_tool=True)
+
+
+@pytest.mark.parametrize("index", range(len(ANSWER_ROWS)))
+def test_rows_with_the_answer_tool_play_through_it(client, index):
+    row = ANSWER_ROWS[index]
+    assert [t["name"] for t in row["responses_create_params"]["tools"]] == ["lookup_badge", "submit_answer"]
+    assert play(client, row, scripted.scripted_action, correct=True)["reward"] == 1.0
+    assert play(client, row, scripted.scripted_action, correct=False)["reward"] == 0.0
+
+
+def test_the_answer_tool_takes_the_answer_and_the_verifier_reads_the_last_call(client):
+    reply = client.post("/submit_answer", json={"answer": "417"})
+    assert reply.status_code == 200 and reply.json() == {"answer": "417", "recorded": True}
+    row = make_dataset(1, seed=4, split="heldout")[0]
+    right, wrong = row["expected_answer"], str(int(row["expected_answer"]) % 999 + 1)
+    calls = lookups(*row["names"])
+
+    def submit(n: int, answer: str) -> dict:
+        return function_call(n, 1, "submit_answer", {"answer": answer})
+
+    # The submitted answer wins over a boxed one in the text, and the last submission counts.
+    assert verify(client, row, [*calls, submit(5, right), assistant_message(f"\\boxed{{{wrong}}}")])["reward"] == 1.0
+    assert verify(client, row, [*calls, submit(5, wrong), submit(6, f" {right} ")])["reward"] == 1.0
+    last_wrong = verify(client, row, [*calls, submit(5, right), submit(6, wrong)])
+    assert last_wrong["reward"] == 0.0 and last_wrong["answer"] == wrong
+    # The lookups are still required; a submission that is not an object with a string answer does not count.
+    assert verify(client, row, [submit(5, right)])["reward"] == 0.0
+    broken = function_call(7, 1, "submit_answer", "{not json")
+    assert verify(client, row, [*calls, broken, assistant_message(f"\\boxed{{{right}}}")])["reward"] == 1.0
+
+
+@pytest.mark.parametrize("body", [{}, {"answer": 5}, {"answer": "x" * 201}, [], "417"])
+def test_bad_answer_tool_arguments_are_422(client, body):
+    assert client.post("/submit_answer", json=body).status_code == 422
+
+
+def test_answer_tool_rows_ask_the_same_questions_with_examples_that_submit():
+    from nemo_gym_env.protocol.parser import parse_model_text
+    from nemo_gym_env.servers.badge_lookup.make_dataset import ANSWER_SHOTS, ANSWER_SYSTEM_PROMPT
+
+    plain, tooled = make_dataset(20, seed=3, split="train"), make_dataset(20, seed=3, split="train", answer_tool=True)
+    assert [r["names"] for r in plain] == [r["names"] for r in tooled]
+    assert [r["expected_answer"] for r in plain] == [r["expected_answer"] for r in tooled]
+    messages = tooled[0]["responses_create_params"]["input"]
+    assert messages[0]["content"] == ANSWER_SYSTEM_PROMPT and messages[1:-1] == ANSWER_SHOTS
+    turns = [parse_model_text(m["content"]) for m in ANSWER_SHOTS if m["role"] == "assistant"]
+    calls = [[item["name"] for item in items if item["type"] == "function_call"] for items in turns]
+    assert calls == [["lookup_badge"], ["lookup_badge"], ["submit_answer"], [], ["lookup_badge"], ["submit_answer"], []]
+    assert "so the answer is Sam Berg." in turns_text(ANSWER_SHOTS)  # the answer's sentence before its call
+    assert len(make_dataset(1, shots=1, answer_tool=True)[0]["responses_create_params"]["input"]) == 10
+
+
+def turns_text(messages: list[dict]) -> str:
+    return "\n".join(m["content"] for m in messages if m["role"] == "assistant")

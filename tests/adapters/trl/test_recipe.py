@@ -1,4 +1,10 @@
-"""``recipes/trl_grpo.py`` runs as a user runs it, with a tiny budget (slow: loads the model, one step)."""
+"""``recipes/trl_grpo.py`` run as a user runs it (slow: loads the model, trains).
+
+The training is shared: one real run per route for the whole session (:func:`rollout_func_run`,
+:func:`environment_factory_run`, the quick start's settings with a short budget and a small
+held-out set), and every assertion about the recipe reads what those runs left: their output,
+metrics, held-out records, curves and checkpoints.
+"""
 
 from __future__ import annotations
 
@@ -7,71 +13,184 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("trl")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("trl-recipe-runs")]
 
 RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "trl_grpo.py"
+OTHER = {"task": "other", "model": "m", "seed": 1, "route": "rollout_func", "name": None, "before": 0.0, "after": 0.5}
 
 
-def _badge_rows(tmp_path: Path, split: str, size: int, seed: int = 0) -> Path:
+@dataclass
+class Run:
+    done: subprocess.CompletedProcess
+    out: Path
+    results: Path
+    heldout: list[dict]
+
+    @property
+    def metrics(self) -> list[dict]:
+        return [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
+
+    @property
+    def record(self) -> dict:
+        return json.loads(self.results.read_text())["runs"][-1]
+
+
+def _heldout(tmp: Path, size: int, answer_tool: bool = False) -> tuple[Path, list[dict]]:
     from nemo_gym_env.servers.badge_lookup.make_dataset import make_dataset
 
-    path = tmp_path / f"{split}{size}.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in make_dataset(size, seed=seed, split=split)))
-    return path
+    rows = make_dataset(size, seed=0, split="heldout", answer_tool=answer_tool)
+    path = tmp / "heldout.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path, rows
 
 
-def test_recipe_trains_one_step_on_cpu_and_scores_held_out_rows_before_and_after(tmp_path, model_dir):
-    """One training step, its metrics and curve; eval_dataset: greedy rollouts of the local policy before
-    training and with the trained model, recorded in the results file (an earlier record of the same task,
-    model, seed and route replaced, others kept)."""
+def _run(tmp: Path, *overrides: str, heldout_size: int = 4, answer_tool: bool = False) -> Run:
     from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME
 
-    out, results = tmp_path / "run", tmp_path / "results" / "heldout.json"
+    heldout, rows = _heldout(tmp, heldout_size, answer_tool)
+    out, results = tmp / "run", tmp / "results" / "heldout.json"
     results.parent.mkdir()
-    other = {"task": "other", "model": "m", "seed": 1, "route": "rollout_func", "before": 0.0, "after": 0.5}
-    earlier = {"task": "badge_lookup", "model": DEFAULT_MODEL_NAME, "seed": 0, "route": "rollout_func",
+    route = next((o.split("=", 1)[1] for o in overrides if o.startswith("route=")), "rollout_func")
+    earlier = {**OTHER, "task": "badge_lookup", "model": DEFAULT_MODEL_NAME, "seed": 0, "route": route,
                "before": 7.0, "after": 7.0}
-    results.write_text(json.dumps({"runs": [other, earlier]}))
-    command = [sys.executable, str(RECIPE), "env=NemoGym/badge_lookup-v0", f"dataset={_badge_rows(tmp_path, 'train', 4)}",
-               f"eval_dataset={_badge_rows(tmp_path, 'heldout', 3)}", "eval_limit=2", f"results={results}",
-               "steps=1", "batch_size=2", "num_generations=2", "max_turns=2", "max_completion_length=24",
-               "torch_threads=1", f"output_dir={out}", f"plot={out / 'curve.png'}"]
+    results.write_text(json.dumps({"runs": [OTHER, earlier]}))
+    command = [sys.executable, str(RECIPE), f"eval_dataset={heldout}", "eval_every=1", f"results={results}",
+               f"output_dir={out}", f"plot={out / 'curves.png'}", *overrides]
     done = subprocess.run(command, check=False, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1700)
-    assert done.returncode == 0, done.stderr[-3000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1]
-    assert metrics[0]["env/failed"] == 0.0 and metrics[0]["reward"] is not None
-    assert "mean reward" in done.stdout
-    # The config's own switch under the old name warned; TRL's reads of is_gradient_checkpointing still do.
-    assert "`gradient_checkpointing` is deprecated" not in done.stderr
-    if importlib.util.find_spec("matplotlib") is not None:
-        assert (out / "curve.png").stat().st_size > 0
-    runs = json.loads(results.read_text())["runs"]
-    assert runs[0] == other and len(runs) == 2  # the earlier record of this run (before 7.0) replaced
-    run = runs[1]
-    assert {k: run[k] for k in ("task", "seed", "steps", "train_rows", "heldout_rows", "route")} == {
-        "task": "badge_lookup", "seed": 0, "steps": 1, "train_rows": 4, "heldout_rows": 2, "route": "rollout_func"}
-    assert [e["step"] for e in run["evals"]] == [0, 1] and all(e["failed"] == 0 for e in run["evals"])
-    assert 0.0 <= run["before"] <= 1.0 and 0.0 <= run["after"] <= 1.0
-    assert run["before"] == run["evals"][0]["reward"] and run["after"] == run["evals"][1]["reward"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return Run(done, out, results, rows)
+
+
+@pytest.fixture(scope="session")
+def rollout_func_run(tmp_path_factory, model_dir) -> Run:
+    """The quick start's defaults (badge_lookup, single questions, 8 episodes a step), 2 steps, partial credit
+    for lookups as shaping, a held-out evaluation after every step."""
+    return _run(tmp_path_factory.mktemp("rollout_func"), "steps=2", "shaping={looked_up: 0.5}")
+
+
+@pytest.fixture(scope="session")
+def environment_factory_run(tmp_path_factory, model_dir) -> Run:
+    """The same through TRL's tool loop: the rows answer with submit_answer, the reward is the server's."""
+    return _run(tmp_path_factory.mktemp("environment_factory"), "route=environment_factory", "steps=1",
+                "num_generations=4", "batch_size=4", "micro_batch_size=4", "shaping={answered: 0.5}",
+                answer_tool=True)
+
+
+def test_each_step_prints_one_line_with_its_reward_spread_and_learning_signal(rollout_func_run):
+    lines = [line for line in rollout_func_run.done.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    metrics = rollout_func_run.metrics
+    assert [m["step"] for m in metrics] == [1, 2]
+    for line, step in zip(lines, metrics):
+        summary = step["summary"]
+        assert summary["groups"] == 1 and step["env/failed"] == 0.0
+        assert f"reward {step['reward']:.3f} ± {step['reward_std']:.3f}" in line
+        assert f"signal in {summary['groups_with_signal']}/1 groups" in line
+        assert f"env reward {summary['env_reward']:.3f}" in line or summary["env_reward"] == step["reward"]
+        # A group whose episodes all scored the same teaches nothing: TRL's gradient is 0 then, and the line says so.
+        if summary["groups_with_signal"] == 0:
+            assert step["grad_norm"] == 0.0
+        else:
+            assert step["grad_norm"] > 0.0
+    output = rollout_func_run.done.stdout
+    assert output.count("no group carried a learning signal") == sum(
+        m["summary"]["groups_with_signal"] == 0 for m in metrics)
+    assert "{'loss'" not in output  # TRL's dicts are replaced by the line
+    assert f"{sum(m['summary']['groups_with_signal'] > 0 for m in metrics)} of 2 steps had a learning signal" in output
+
+
+def test_shaping_adds_a_weighted_reward_and_the_env_reward_stays_the_servers(rollout_func_run):
+    for step in rollout_func_run.metrics:
+        shaped, own = step["rewards/metric_looked_up/mean"], step["rewards/env_reward/mean"]
+        assert step["reward"] == pytest.approx(own + 0.5 * shaped, abs=1e-4)
+        assert step["summary"]["env_reward"] == own
+    assert rollout_func_run.record["settings"]["shaping"] == {"looked_up": 0.5}
+
+
+def test_held_out_rows_are_scored_greedy_by_kind_before_between_and_after(rollout_func_run):
+    run, out = rollout_func_run, rollout_func_run.out
+    runs = json.loads(run.results.read_text())["runs"]
+    assert runs[0] == OTHER and len(runs) == 2  # the earlier record of this run (before 7.0) replaced
+    record = run.record
+    assert {k: record[k] for k in ("task", "seed", "steps", "train_rows", "heldout_rows", "route")} == {
+        "task": "badge_lookup", "seed": 0, "steps": 2, "train_rows": 512, "heldout_rows": 4, "route": "rollout_func"}
+    assert [e["step"] for e in record["evals"]] == [0, 1, 2] and all(e["failed"] == 0 for e in record["evals"])
+    for evaluation in record["evals"]:
+        assert set(evaluation["by_kind"]) == {"single", "larger"}  # the held-out rows take turns between kinds
+        assert evaluation["reward"] == pytest.approx(sum(evaluation["by_kind"].values()) / 2, abs=1e-4)
+    assert record["before"] == record["evals"][0]["reward"] and record["after"] == record["evals"][-1]["reward"]
+    assert record["by_kind"] == {"before": record["evals"][0]["by_kind"], "after": record["evals"][-1]["by_kind"]}
+    assert len(record["train_reward"]) == 2 and record["steps_with_signal"] in (0, 1, 2)
+    for moment in ("at_start", "at_end"):
+        assert record["machine"][moment]["load_avg_1m"] >= 0 and isinstance(record["machine"][moment]["cpu_flags"], list)
     assert (out / "heldout" / "model" / "config.json").exists()  # the trained model the last evaluation loaded
-    rows = [json.loads(line) for line in (out / "heldout" / "heldout_step1.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(r["responses_create_params"]["temperature"] == 0.0 for r in rows)  # greedy
-    assert "held-out reward: before" in done.stdout
+    rows = [json.loads(line) for line in (out / "heldout" / "heldout_step2.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["responses_create_params"]["temperature"] == 0.0 for r in rows)  # greedy
+    assert {r["kind"] for r in rows} == {"single", "larger"}
+    assert "held-out reward: before" in run.done.stdout
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "curves.png").stat().st_size > 0
+
+
+def test_the_environment_factory_route_trains_on_tool_calls_and_submitted_answers(environment_factory_run):
+    run = environment_factory_run
+    assert "using TRL's Qwen2.5 template" in run.done.stdout
+    (step,) = run.metrics
+    assert step["step"] == 1 and step["summary"]["groups"] == 1
+    reward_keys = sorted(k for k in step if k.startswith("rewards/") and k.endswith("/mean"))
+    # The environment's own reward (its get_reward, /verify) and the shaping read from its verdict.
+    assert reward_keys == ["rewards/Badge_lookupEnvironment/mean", "rewards/metric_answered/mean"]
+    own, answered = step["rewards/Badge_lookupEnvironment/mean"], step["rewards/metric_answered/mean"]
+    assert step["reward"] == pytest.approx(own + 0.5 * answered, abs=1e-4) and 0.0 <= own <= answered
+    assert step["summary"]["env_reward"] is not None
+    record = run.record
+    assert record["route"] == "environment_factory" and [e["step"] for e in record["evals"]] == [0, 1]
+    # The held-out model carries the template it was trained with, so the evaluation renders the tools the same way.
+    saved = json.loads((run.out / "heldout" / "model" / "tokenizer_config.json").read_text())
+    assert "<tools>" in (saved.get("chat_template") or (run.out / "heldout" / "model" / "chat_template.jinja").read_text())
 
 
 def test_recipe_refuses_held_out_rows_that_are_training_rows(tmp_path):
-    train = _badge_rows(tmp_path, "train", 4)
-    command = [sys.executable, str(RECIPE), "env=NemoGym/badge_lookup-v0", f"dataset={train}", f"eval_dataset={train}",
+    from nemo_gym_env.servers.badge_lookup.make_dataset import make_dataset
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in make_dataset(4, seed=0, split="train")))
+    command = [sys.executable, str(RECIPE), f"dataset={train}", f"eval_dataset={train}",
                f"output_dir={tmp_path / 'run'}"]
     done = subprocess.run(command, check=False, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert done.returncode != 0
     assert "4 of the 4 held-out rows are also training rows" in done.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["route=tools"], "route must be one of"),
+    (["batch_size=6"], "must be a multiple of micro_batch_size"),
+    (["dataset={_target_: nemo_gym_env.servers.badge_lookup.make_dataset.make_dataset, size: 4, kinds: [sum]}"],
+     "kinds must be some of"),
+])
+def test_settings_that_cannot_work_are_refused_before_anything_loads(tmp_path, overrides, message):
+    done = subprocess.run([sys.executable, str(RECIPE), f"output_dir={tmp_path}", *overrides], check=False,
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode != 0 and message in done.stderr
+
+
+def test_the_gpu_preset_composes_over_the_defaults(tmp_path):
+    """``--config-name gpu_vllm`` (not run here: no GPU) is the defaults with the GPU settings on top."""
+    import yaml
+
+    done = subprocess.run([sys.executable, str(RECIPE), "--config-name", "gpu_vllm", "--cfg", "job"], check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = yaml.safe_load(done.stdout)
+    assert config["use_vllm"] is True and config["vllm_mode"] == "colocate" and config["dtype"] == "bfloat16"
+    assert config["optim"] == "adamw_torch" and config["max_turn_tokens"] is None
+    assert config["env"] == "NemoGym/badge_lookup-v0" and config["route"] == "rollout_func"  # the defaults beneath

@@ -38,7 +38,8 @@ def test_grpo_step_weights_each_component(tmp_path, model_dir, tokenizer):
     seen: list[dict] = []
     with Launcher() as launcher:
         url = launcher.start(fixture_specs("rewards")["rewards"]).url
-        rollout = nemo_gym_rollout_func("NemoGym/Generic-v0", base_url=url, dataset=rows, max_turns=1)
+        # engine=False: this step generates with Hugging Face generate, as TRL does (the other steps use the engine).
+        rollout = nemo_gym_rollout_func("NemoGym/Generic-v0", base_url=url, dataset=rows, max_turns=1, engine=False)
 
         def recorded(prompts, trainer):
             out = rollout(prompts, trainer)
