@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 ROUTES = ("rollout_func", "environment_factory")
+DTYPES = ("float32", "bfloat16", "float16")
 
 DEFAULT_DATASETS: dict[str, dict[str, Any]] = {
     "badge_lookup": {"_target_": "nemo_gym_env.servers.badge_lookup.make_dataset.make_dataset",
@@ -314,6 +315,8 @@ def main(cfg: DictConfig) -> None:
     # 0. Settings that cannot work are refused before torch, TRL and the model load.
     if args.route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, not {args.route!r}")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, not {args.dtype!r}")
     args.micro_batch_size = args.micro_batch_size or args.batch_size
     if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
         raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "

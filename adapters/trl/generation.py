@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -198,8 +197,8 @@ class EngineGenerate:
         trim()
 
 
-_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""One engine per training model (its worker thread and buffers live as long as the model)."""
+_ENGINE_ATTRIBUTE = "_nemo_gym_engine"
+"""Where a trainer keeps its engine (one per trainer and model: its worker thread and buffers live as long as it)."""
 
 
 def engine_generate(trainer: Any) -> EngineGenerate | None:
@@ -222,15 +221,15 @@ def engine_generate(trainer: Any) -> EngineGenerate | None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     if not supports_prefill(model):
         return None
-    engine = _ENGINES.get(model)
-    if engine is None:
+    engine = getattr(trainer, _ENGINE_ATTRIBUTE, None)
+    if engine is None or engine.model._model is not model:
         tokenizer = tokenizer_of(trainer)
         eos = eos_ids(trainer, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         engine = BatchGenerator(_ClassForward(model), end_ids=set(eos), pad_id=pad,
                                 max_batch_size=max(16, int(getattr(args, "generation_batch_size", 0) or 0)),
                                 num_threads=torch.get_num_threads(), name="training model")
-        _ENGINES[model] = engine
+        setattr(trainer, _ENGINE_ATTRIBUTE, engine)
     return EngineGenerate(trainer, engine)
 
 

@@ -189,7 +189,7 @@ class EpisodeRunner:
 
 
 def _mib(size: int) -> str:
-    return f"{size:,} bytes ({size / 2**20:g} MiB)"
+    return f"{size:,} bytes ({size / 2**20:.2f} MiB)"
 
 
 def _step_reward(reply: httpx.Response) -> float | None:

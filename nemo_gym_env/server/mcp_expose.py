@@ -370,11 +370,12 @@ class McpExposure:
         answer = arguments.get("answer", "")
         if not isinstance(answer, str) or set(arguments) - {"answer"}:
             raise _fault(f"{self.label}: verify takes {{\"answer\": string}}", INVALID_PARAMS)
-        room = self.runner.max_trajectory_bytes - episode.nbytes
-        if len(answer.encode()) > room:
-            raise _fault(f"{self.label}: the answer ({len(answer.encode()):,} bytes) would take the episode past its "
-                         f"trajectory cap ({self.runner.max_trajectory_bytes:,} bytes; {room:,} left): send a "
-                         "shorter one", INVALID_PARAMS)
+        # An answer has a cap of its own (a quarter of the trajectory's), so a full trajectory still scores.
+        cap = self.runner.max_trajectory_bytes // 4
+        if len(answer.encode()) > cap:
+            raise _fault(f"{self.label}: the answer ({len(answer.encode()):,} bytes) passes the cap on an answer "
+                         f"({cap:,} bytes, a quarter of the episode's trajectory cap): send a shorter one",
+                         INVALID_PARAMS)
         self._forget(request, episode)
         try:
             verdict = await self.runner.verify(episode, answer)

@@ -41,6 +41,7 @@ import asyncio
 import collections
 import os
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import Mapping
@@ -207,6 +208,10 @@ class McpConnection:
         """
         errlog = None
         if self.spec.command is not None:
+            missing = _missing_command(self.spec)
+            if missing:
+                self._gone = missing
+                raise McpError(f"{self.label} could not start: {missing}", gone=True)
             read_fd, write_fd = os.pipe()
             self._tail = _Tail()
             self._tail_transport, _ = await asyncio.get_running_loop().connect_read_pipe(
@@ -377,6 +382,18 @@ class McpConnection:
         tail = self._tail.text() if self._tail is not None else ""
         lines = [line.strip() for line in tail.splitlines() if line.strip()][-8:]
         return f"{message}; stderr: {' | '.join(reversed(lines))}" if lines else message
+
+
+def _missing_command(spec: McpServerSpec) -> str | None:
+    """Why ``spec.command`` cannot be run, or None (the launch line's shell would say it less clearly)."""
+    command = spec.command or ""
+    if os.sep in command:
+        path = command if os.path.isabs(command) else os.path.join(spec.cwd or os.getcwd(), command)
+        if not os.path.exists(path):
+            return f"No such file or directory: {command!r}"
+        return None if os.access(path, os.X_OK) else f"Permission denied: {command!r} is not executable"
+    search = (spec.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    return None if shutil.which(command, path=search) else f"No such file or directory: {command!r} is not on PATH"
 
 
 def _process_alive(pid: int) -> bool:

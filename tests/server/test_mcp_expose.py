@@ -241,8 +241,9 @@ def test_huge_arguments_are_refused_and_the_server_goes_on():
                     await client.call_tool("get_synonym_value", {"synonym": "x" * 200_000})
             async with Client(url, mode="legacy") as client:
                 await client.call_tool("seed_session", {"task_index": 0})
-                reply = await client.call_tool("get_synonym_value", {"synonym": "y" * 50_000})
-                assert json.loads(reply.content[0].text) == {"synonym_value": ord("y") * 50_000}
+                # under the body limit and the episode's trajectory cap (half the body limit by default)
+                reply = await client.call_tool("get_synonym_value", {"synonym": "y" * 40_000})
+                assert json.loads(reply.content[0].text) == {"synonym_value": ord("y") * 40_000}
 
         asyncio.run(scenario())
     finally:
@@ -338,13 +339,18 @@ def test_an_episodes_trajectory_is_capped_and_the_episode_still_scores():
         async def scenario() -> None:
             async with Client(url, mode="legacy") as client:
                 await client.call_tool("seed_session", {"task_index": 0})
-                results = [await client.call_tool("get_weather", {"city": "x" * 25_000}) for _ in range(3)]
-                assert not any("trajectory past its cap" in r.content[0].text for r in results[:2])
-                refused = results[2]
+                results = []
+                for _ in range(10):  # each call records 25 kB of arguments and an output that echoes them
+                    results.append(await client.call_tool("get_weather", {"city": "x" * 25_000}))
+                    if results[-1].is_error:
+                        break
+                refused = results[-1]
                 assert refused.is_error and "trajectory past its cap" in refused.content[0].text
                 assert "cap of 120,000 bytes" in refused.content[0].text  # the cap, named
-                ok = await client.call_tool("get_weather", {"city": "Paris"})  # small calls still fit
-                assert not ok.is_error
+                assert 2 <= len(results) <= 5  # 120 kB hold two or three such calls, never ten
+                assert not any("trajectory past its cap" in r.content[0].text for r in results[:-1])
+                with pytest.raises(MCPError, match=r"the answer \(40,000 bytes\) passes the cap on an answer"):
+                    await client.call_tool("verify", {"answer": "s" * 40_000})  # a quarter of 120 kB: 30 kB
                 verdict = await client.call_tool("verify", {"answer": "It is sunny."})
                 assert not verdict.is_error and verdict.structured_content["reward"] in (0.0, 1.0)
 

@@ -72,13 +72,19 @@ def test_a_group_is_sampled_from_the_training_models_distribution_with_its_promp
 def test_the_same_step_and_call_sample_the_same_tokens(tmp_path, model, tokenizer):
     trainer = _trainer(tmp_path, model, tokenizer)
     prompt = _prompt(tokenizer)
-    first = engine_generate(trainer)([prompt, prompt], [10, 10])
-    again = engine_generate(trainer)([prompt, prompt], [10, 10])  # a new call object: its first call again
-    assert [o[0] for o in first] == [o[0] for o in again]
-    assert first[0][0] != first[1][0] or len(first[0][0]) < 3  # two rows of a group draw their own noise
+
+    def one_call() -> list:
+        generate = engine_generate(trainer)  # a new call object: the step's first call
+        try:
+            return [output[0] for output in generate([prompt, prompt], [10, 10])]
+        finally:
+            generate.release()
+
+    first, again = one_call(), one_call()
+    assert first == again
+    assert first[0] != first[1] or len(first[0]) < 3  # two rows of a group draw their own noise
     trainer.state.global_step = 5
-    later = engine_generate(trainer)([prompt, prompt], [10, 10])
-    assert [o[0] for o in later] != [o[0] for o in first]  # another step, other draws
+    assert one_call() != first  # another step, other draws
 
 
 @pytest.mark.parametrize("settings", [{"top_k": 5}, {"repetition_penalty": 1.1}, {"min_p": 0.1},

@@ -173,6 +173,7 @@ def test_recipe_refuses_held_out_rows_that_are_training_rows(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["route=tools"], "route must be one of"),
+    (["dtype=int4"], "dtype must be one of"),
     (["batch_size=6"], "must be a multiple of micro_batch_size"),
     (["dataset={_target_: nemo_gym_env.servers.badge_lookup.make_dataset.make_dataset, size: 4, kinds: [sum]}"],
      "kinds must be some of"),
