@@ -15,14 +15,16 @@ Variants, side by side in one run (the ratio is what to compare on a shared mach
 
 - ``ours``: the recipe's defaults (the engine generates; each group scored on one pass over its
   prompt; activation checkpointing; Adafactor; bfloat16 matrix products where the CPU has them);
+- ``ours_adamw``: the same with AdamW (two full copies of the weights' moments) in place of Adafactor;
+- ``ours_glibc_defaults``: the same with glibc's allocator left as it comes (``nemo_gym_env/system/memory.py``);
 - ``stock``: TRL's own paths with the settings the recipe had before (Hugging Face ``generate``,
   ``GRPOTrainer``'s scoring in micro-batches of 2, no checkpointing, AdamW, float32).
 
-    python benchmarks/grpo_step.py                       # both variants, 4 steps each (the first is warm-up)
+    python benchmarks/grpo_step.py                       # every variant, 4 steps each (the first is warm-up)
     python benchmarks/grpo_step.py --variants ours --steps 6
 
 Writes ``results/grpo_step.json``: per variant and step the split above, the step's seconds,
-peak RSS of the training process; the load average before and after, the CPU's flags.
+the training process's peak RSS so far (and over the whole run); the load average before and after, the CPU's flags.
 """
 
 from __future__ import annotations
@@ -48,13 +50,18 @@ PROOF = ["env=NemoGym/badge_lookup-v0", "num_generations=8", "batch_size=8", "ma
          "max_completion_length=160", "max_turn_tokens=48", "temperature=1.0",
          ("dataset={_target_: nemo_gym_env.servers.badge_lookup.make_dataset.make_dataset, size: 256, "
           "split: train, kinds: [single, larger]}")]
-"""The held-out proof's settings (recipes/README.md) that decide a step's work."""
+"""The held-out proof's settings (recipes/README.md) that decide a step's work: group, batch, turns, budgets,
+temperature and question kinds. The proof's 1,000 rows and its shaping term change no step's work."""
 
 VARIANTS = {
     "ours": [],
+    "ours_adamw": ["optim=adamw_torch"],
+    "ours_glibc_defaults": [],
     "stock": ["engine=false", "shared_prompt=false", "activation_checkpointing=false", "bf16=false",
               "optim=adamw_torch", "micro_batch_size=2"],
 }
+VARIANT_ENV = {"ours_glibc_defaults": {"NEMO_GYM_ENV_MALLOC_DEFAULTS": "1"}}
+"""Environment of a variant's process (glibc's allocator as it comes: freed memory kept for reuse)."""
 PARTS = ("generation", "environment", "forward", "backward", "optimizer")
 
 
@@ -125,7 +132,7 @@ def _worker(variant: str, steps: int, out: Path) -> None:
                                    - spent["optimizer"], 2)
             steps_seen.append({"step": row["step"], "seconds": row["seconds"], "split": split,
                                "reward": row["reward"], "completion_tokens": row.get("completions/mean_length"),
-                               "peak_rss_mb": round(peak["rss"] / 1e6)})
+                               "peak_rss_so_far_mb": round(peak["rss"] / 1e6)})  # since the process began
             for part in spent:
                 spent[part] = 0.0
         return result
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             done = subprocess.run([sys.executable, __file__, "--worker", variant, "--steps", str(args.steps),
                                    "--worker-out", str(out)], capture_output=True, text=True, check=False,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1", **VARIANT_ENV.get(variant, {})})
             if done.returncode != 0 or not out.exists():
                 print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
                 return 1

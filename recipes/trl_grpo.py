@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,14 @@ class Settings:
     """Optimizer (transformers' ``optim`` names). Adafactor keeps factored second moments: for SmolLM2-135M
     about 1 GB less than AdamW's two full copies (``adamw_torch``), the difference between 1.9 and 3.0 GB"""
     max_turns: int = 3
-    """Model turns per episode; the episode is verified (and marked truncated) at this limit"""
+    """Model turns per episode; the episode is verified (and marked truncated) at this limit. On the
+    ``environment_factory`` route it is TRL's ``max_tool_calling_iterations``: the first turn and up to this many
+    turns after tool outputs (held-out episodes: this many turns)"""
     max_completion_length: int = 160
     """Token budget of a whole episode (model turns and tool outputs)"""
     max_turn_tokens: int | None = 48
-    """Cap on the tokens of one model turn; None: what is left of the budget"""
+    """Cap on the tokens of one model turn; None: what is left of the budget (``environment_factory`` route: held-out
+    episodes only; TRL's tool loop has no per-turn cap)"""
     temperature: float = 1.0
     """Sampling temperature"""
     beta: float = 0.0
@@ -107,6 +111,8 @@ class Settings:
     """CPU threads for torch; default: torch's choice (every core)"""
     seed: int = 0
     """Seed of the run: trainer (sampling, shuffling) and generated training rows"""
+    shuffle: bool = True
+    """Shuffle the training rows; False: in the dataset's order (a curriculum, e.g. badge_lookup's ``order: by_kind``)"""
     output_dir: str = "outputs/trl_grpo"
     """Where the metrics (``metrics.jsonl``) and the trained model go"""
     save_model: bool = False
@@ -122,7 +128,7 @@ class Settings:
     """Only the first N held-out rows"""
     results: str | None = None
     """JSON file of held-out results (``recipes/results/heldout.json``): this run's record is added,
-    replacing an earlier one of the same task, model, seed and route"""
+    replacing an earlier one of the same task, model, seed, route and ``run_name``"""
     run_name: str | None = None
     """Names the run in the results file (records of the same task, model, seed, route and name replace
     each other); default: none"""
@@ -317,6 +323,10 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"route must be one of {ROUTES}, not {args.route!r}")
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {args.dtype!r}")
+    if args.shaping is not None and (not isinstance(args.shaping, Mapping) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) for w in args.shaping.values())):
+        raise ValueError(f"shaping must map numeric /verify fields to weights, e.g. shaping={{looked_up: 0.5}}, "
+                         f"not {args.shaping!r}")
     args.micro_batch_size = args.micro_batch_size or args.batch_size
     if args.batch_size % args.micro_batch_size or args.batch_size % args.num_generations:
         raise ValueError(f"batch_size ({args.batch_size}) must be a multiple of micro_batch_size "
@@ -405,6 +415,7 @@ def main(cfg: DictConfig) -> None:
         report_to="none",
         disable_tqdm=True,
         seed=args.seed,
+        shuffle_dataset=args.shuffle,
     )
     evals: list[dict[str, Any]] = []
     eval_dir = output_dir / "heldout"
@@ -489,7 +500,7 @@ def main(cfg: DictConfig) -> None:
                 "plot": args.plot,
                 "settings": {key: getattr(args, key) for key in (
                     "learning_rate", "optim", "num_generations", "batch_size", "micro_batch_size", "max_turns",
-                    "max_completion_length", "max_turn_tokens", "temperature", "beta", "shaping", "dataset")},
+                    "max_completion_length", "max_turn_tokens", "temperature", "beta", "shaping", "dataset", "shuffle")},
                 "bf16": bf16,
             })
             print(f"held-out results: {args.results}")

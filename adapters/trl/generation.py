@@ -17,6 +17,7 @@ call (the weights change at the next optimizer step). ``benchmarks/grpo_step.py`
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import functools
 from collections.abc import Callable
@@ -156,7 +157,8 @@ class EngineGenerate:
     """A :data:`Generate` on the continuous-batching engine, with the trainer's model (see the module docstring).
 
     Each call submits every live prompt at once and waits for all of them; rows of a call are
-    seeded from the trainer's seed, its global step and the call's count, so a run repeats.
+    seeded from the trainer's seed, its global step and the call's count within the step, so a
+    run repeats.
     :meth:`release` empties the engine's prefix cache (the rollout calls it when its episodes
     are done: the next optimizer step makes those states stale, and they would only hold memory
     through the backward pass).
@@ -165,7 +167,14 @@ class EngineGenerate:
     def __init__(self, trainer: Any, engine: Any):
         self.trainer = trainer
         self.engine = engine
-        self.calls = 0
+
+    def _next_call(self, step: int) -> int:
+        """The count of this step's generation calls so far, this one included (kept on the trainer: each
+        rollout builds a new one of these, and two rollouts of one step must not draw the same noise)."""
+        last_step, calls = getattr(self.trainer, _CALLS_ATTRIBUTE, (step, 0))
+        calls = calls + 1 if last_step == step else 1
+        setattr(self.trainer, _CALLS_ATTRIBUTE, (step, calls))
+        return calls
 
     def __call__(self, prompts: list[list[int] | None], budgets: list[int]) -> list[tuple[list[int], list[float]] | None]:
         from nemo_gym_env.policies.batching import GenerationRequest
@@ -173,19 +182,24 @@ class EngineGenerate:
         args = self.trainer.args
         model = self.engine.model._model
         step = int(getattr(getattr(self.trainer, "state", None), "global_step", 0) or 0)
-        self.calls += 1
+        calls = self._next_call(step)
         results: list[tuple[list[int], list[float]] | None] = [None] * len(prompts)
+        futures: dict[int, concurrent.futures.Future] = {}
         training = model.training
         model.eval()  # no activation checkpointing (and no dropout) while generating
         try:
-            futures = {i: self.engine.submit(GenerationRequest(
-                prompt=list(prompt), temperature=float(args.temperature), top_p=float(args.top_p),
-                max_new_tokens=int(budgets[i]), seed=hash((int(args.seed), step, self.calls, i)) & ((1 << 62) - 1)))
-                for i, prompt in enumerate(prompts) if prompt is not None}
+            for i, prompt in enumerate(prompts):
+                if prompt is not None:
+                    futures[i] = self.engine.submit(GenerationRequest(
+                        prompt=list(prompt), temperature=float(args.temperature), top_p=float(args.top_p),
+                        max_new_tokens=int(budgets[i]),
+                        seed=hash((int(args.seed), step, calls, i)) & ((1 << 62) - 1)))
             for i, future in futures.items():
                 generation = future.result()
                 results[i] = (generation.token_ids, generation.log_probs)
         finally:
+            # A failed row leaves the others decoding: they end before the model trains or the cache is cleared.
+            concurrent.futures.wait(list(futures.values()))
             model.train(training)
         return results
 
@@ -197,6 +211,7 @@ class EngineGenerate:
         trim()
 
 
+_CALLS_ATTRIBUTE = "_nemo_gym_generate_calls"
 _ENGINE_ATTRIBUTE = "_nemo_gym_engine"
 """Where a trainer keeps its engine (one per trainer and model: its worker thread and buffers live as long as it)."""
 

@@ -4,8 +4,9 @@ A training step allocates and frees hundreds of megabytes of tensors (key/value 
 generating, activations and gradients while training). glibc keeps freed blocks for reuse, in
 its heaps and, for blocks under its adaptive mmap threshold (up to 32 MB), in the process's
 break; a small model's training process then holds twice what it uses. Measured on the TRL
-recipe's quick start (``benchmarks/README.md``): 2.95 GB peak RSS as glibc sets it, 1.93 GB
-with :func:`release_large_blocks` at start and :func:`trim` after each rollout and step.
+recipe's step (``benchmarks/grpo_step.py``, variants ``ours`` and ``ours_glibc_defaults``; the
+figures are in ``benchmarks/README.md``). ``NEMO_GYM_ENV_MALLOC_DEFAULTS=1`` leaves glibc as it
+is (both functions then do nothing), for that comparison.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 __all__ = ["release_large_blocks", "trim"]
 
@@ -22,6 +24,8 @@ _M_MMAP_THRESHOLD = -3
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
+    if os.environ.get("NEMO_GYM_ENV_MALLOC_DEFAULTS") == "1":
+        return None
     name = ctypes.util.find_library("c")
     if name is None:
         return None

@@ -163,9 +163,15 @@ def _row(kind: str, names: list[str], shots: int, answer_tool: bool) -> dict[str
     }
 
 
+ORDERS = ("mixed", "by_kind")
+
+
 def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS,
-                 shots: int = 2, answer_tool: bool = False) -> list[dict[str, Any]]:
+                 shots: int = 2, answer_tool: bool = False, order: str = "mixed") -> list[dict[str, Any]]:
     """``size`` rows of ``split`` (kinds taking turns), the same for the same arguments.
+
+    ``order="by_kind"`` gives the same rows with every row of the first of ``kinds`` first, then
+    the next kind's (a curriculum, for a trainer that does not shuffle: the recipe's ``shuffle=false``).
 
     ``shots`` (0, 1 or 2) worked examples of :data:`SHOTS` come before each question; with
     ``answer_tool`` the rows offer ``submit_answer`` and their examples answer through it.
@@ -178,6 +184,8 @@ def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"kinds must be some of {KINDS}, not {list(kinds)}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
     pool = people(split)
     rng = random.Random(f"badge_lookup/{split}/{seed}")
     rows = []
@@ -188,6 +196,9 @@ def make_dataset(size: int, seed: int = 0, split: str = "train", kinds: Sequence
             if kind == "single" or badge_number(names[0]) != badge_number(names[1]):
                 break
         rows.append(_row(kind, names, shots, answer_tool))
+    if order == "by_kind":
+        rank = {kind: place for place, kind in enumerate(kinds)}
+        rows.sort(key=lambda row: rank[row["kind"]])  # stable: each kind's rows keep their order
     return rows
 
 
@@ -201,11 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shots", type=int, default=2, help="worked examples before each question: 0, 1 or 2")
     parser.add_argument("--answer-tool", action="store_true",
                         help="offer submit_answer and ask for the final answer through it")
+    parser.add_argument("--order", choices=ORDERS, default="mixed",
+                        help="mixed: kinds take turns; by_kind: each kind's rows together, in --kinds order")
     parser.add_argument("--out", help="JSONL to write (default: standard output)")
     args = parser.parse_args(argv)
     try:
         rows = make_dataset(args.size, args.seed, args.split, [k for k in args.kinds.split(",") if k], args.shots,
-                            args.answer_tool)
+                            args.answer_tool, args.order)
     except ValueError as exc:
         parser.error(str(exc))
     write_rows(rows, args.out)

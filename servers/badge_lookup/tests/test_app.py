@@ -158,10 +158,20 @@ def test_worked_examples_come_before_the_question_and_name_no_one_of_either_spli
 
 @pytest.mark.parametrize("arguments", [{"size": -1}, {"size": 2, "split": "test"}, {"size": 2, "kinds": ["sum"]},
                                        {"size": 2, "kinds": []},
-                                       {"size": 2, "shots": 3}])
+                                       {"size": 2, "shots": 3}, {"size": 2, "order": "random"}])
 def test_bad_generator_arguments_are_refused(arguments):
     with pytest.raises(ValueError):
         make_dataset(**arguments)
+
+
+def test_by_kind_order_is_the_same_rows_each_kind_together():
+    mixed = make_dataset(10, 3, kinds=["single", "larger"])
+    curriculum = make_dataset(10, 3, kinds=["single", "larger"], order="by_kind")
+    assert [row["kind"] for row in curriculum] == ["single"] * 5 + ["larger"] * 5
+    assert curriculum == [row for row in mixed if row["kind"] == "single"] + [
+        row for row in mixed if row["kind"] == "larger"]
+    assert [row["kind"] for row in make_dataset(4, 3, kinds=["larger", "single"], order="by_kind")] == [
+        "larger", "larger", "single", "single"]
 
 
 def test_the_command_line_writes_rows(tmp_path, capsys):

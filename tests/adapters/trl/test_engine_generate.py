@@ -70,21 +70,22 @@ def test_a_group_is_sampled_from_the_training_models_distribution_with_its_promp
 
 
 def test_the_same_step_and_call_sample_the_same_tokens(tmp_path, model, tokenizer):
-    trainer = _trainer(tmp_path, model, tokenizer)
-    prompt = _prompt(tokenizer)
-
-    def one_call() -> list:
-        generate = engine_generate(trainer)  # a new call object: the step's first call
+    def one_call(trainer) -> list:
+        generate = engine_generate(trainer)  # a new call object, as each rollout makes
         try:
             return [output[0] for output in generate([prompt, prompt], [10, 10])]
         finally:
             generate.release()
 
-    first, again = one_call(), one_call()
-    assert first == again
+    trainer, rerun = _trainer(tmp_path / "a", model, tokenizer), _trainer(tmp_path / "b", model, tokenizer)
+    prompt = _prompt(tokenizer)
+    first = one_call(trainer)
+    assert one_call(rerun) == first  # the same seed, step and call: a run repeats
     assert first[0] != first[1] or len(first[0]) < 3  # two rows of a group draw their own noise
+    assert one_call(trainer) != first  # the step's second call (another rollout) draws other noise
     trainer.state.global_step = 5
-    assert one_call() != first  # another step, other draws
+    assert one_call(trainer) != first  # another step, other draws
+    assert trainer._nemo_gym_generate_calls == (5, 1)  # the count starts again each step
 
 
 @pytest.mark.parametrize("settings", [{"top_k": 5}, {"repetition_penalty": 1.1}, {"min_p": 0.1},

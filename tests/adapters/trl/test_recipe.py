@@ -104,6 +104,9 @@ def test_each_step_prints_one_line_with_its_reward_spread_and_learning_signal(ro
     assert output.count("no group carried a learning signal") == sum(
         m["summary"]["groups_with_signal"] == 0 for m in metrics)
     assert "{'loss'" not in output  # TRL's dicts are replaced by the line
+    assert "mean reward: first 1 steps" in output  # the run's summary line
+    # Activation checkpointing is on by default, through TRL's current setting (no deprecation warning).
+    assert "`gradient_checkpointing` is deprecated" not in rollout_func_run.done.stderr
     assert f"{sum(m['summary']['groups_with_signal'] > 0 for m in metrics)} of 2 steps had a learning signal" in output
 
 
@@ -127,6 +130,7 @@ def test_held_out_rows_are_scored_greedy_by_kind_before_between_and_after(rollou
         assert set(evaluation["by_kind"]) == {"single", "larger"}  # the held-out rows take turns between kinds
         assert evaluation["reward"] == pytest.approx(sum(evaluation["by_kind"].values()) / 2, abs=1e-4)
     assert record["before"] == record["evals"][0]["reward"] and record["after"] == record["evals"][-1]["reward"]
+    assert 0.0 <= record["before"] <= 1.0 and 0.0 <= record["after"] <= 1.0
     assert record["by_kind"] == {"before": record["evals"][0]["by_kind"], "after": record["evals"][-1]["by_kind"]}
     assert len(record["train_reward"]) == 2 and record["steps_with_signal"] in (0, 1, 2)
     for moment in ("at_start", "at_end"):
@@ -174,6 +178,8 @@ def test_recipe_refuses_held_out_rows_that_are_training_rows(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["route=tools"], "route must be one of"),
     (["dtype=int4"], "dtype must be one of"),
+    (["shaping=[looked_up]"], "shaping must map numeric /verify fields to weights"),
+    (["shaping={looked_up: lots}"], "shaping must map numeric /verify fields to weights"),
     (["batch_size=6"], "must be a multiple of micro_batch_size"),
     (["dataset={_target_: nemo_gym_env.servers.badge_lookup.make_dataset.make_dataset, size: 4, kinds: [sum]}"],
      "kinds must be some of"),
