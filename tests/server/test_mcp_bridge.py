@@ -27,6 +27,7 @@ import nemo_gym_env  # noqa: F401 - registers the envs
 from nemo_gym_env.errors import ServerError
 from nemo_gym_env.launch.config import load_config, server_specs
 from nemo_gym_env.launch.launcher import Launcher
+from nemo_gym_env.server.mcp_upstream import _process_alive  # reads /proc: a zombie is not running
 from nemo_gym_env.server.testing import assistant_message, function_call
 from tests.conftest import descendants, wait_until
 from tests.fixtures import fixture_config
@@ -233,7 +234,7 @@ def test_a_row_never_chooses_the_scoring_tool(tally, tmp_path):
         try:
             env.reset(options={"task_index": index})
             env.step(_add(0, 5))  # the config's tool would give 1.0
-            _, reward, terminated, truncated, info = env.step([assistant_message("done")])
+            _, reward, terminated, truncated, _ = env.step([assistant_message("done")])
             verdict = env.unwrapped.last_verify
         finally:
             env.close()
@@ -274,14 +275,6 @@ def test_a_server_that_exits_ends_the_episode_with_the_reason(tally):
         env.close()
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-
-
 def test_what_an_upstream_server_starts_ends_with_it_and_a_dead_one_is_gone_not_hung(tally):
     """A tool that starts a child (sleep 600, holding the server's stdout and stderr): the child ends with the
     episode's MCP server at close_session; and when the server itself dies while such a child holds its pipes,
@@ -290,9 +283,9 @@ def test_what_an_upstream_server_starts_ends_with_it_and_a_dead_one_is_gone_not_
     with httpx.Client(base_url=url, timeout=60) as client:
         assert client.post("/seed_session", json={"responses_create_params": {"input": "x"}}).status_code == 200
         child = int(client.post("/spawn_child", json={}).text)
-        assert _running(child)
+        assert _process_alive(child)
         assert client.post("/close_session", json={}).status_code == 200
-        assert wait_until(lambda: not _running(child), 30), "the child outlived close_session"
+        assert wait_until(lambda: not _process_alive(child), 30), "the child outlived close_session"
 
         assert client.post("/seed_session", json={"responses_create_params": {"input": "x"}}).status_code == 200
         child = int(client.post("/spawn_child", json={}).text)
@@ -301,7 +294,7 @@ def test_what_an_upstream_server_starts_ends_with_it_and_a_dead_one_is_gone_not_
         started = time.monotonic()
         assert wait_until(lambda: client.post("/add", json={"amount": 1}).status_code == 410, 20)
         assert time.monotonic() - started < 20  # within the watcher's poll, not a call timeout each time
-        assert wait_until(lambda: not _running(child), 30), "the child outlived its dead server"
+        assert wait_until(lambda: not _process_alive(child), 30), "the child outlived its dead server"
 
 
 @pytest.mark.parametrize("mode,message", [("exit", "cannot start: no configuration"),
