@@ -5,6 +5,12 @@ Each node is ``ray start ... --block`` in a new session, so stopping a node is a
 its process group: this cluster's processes only, never another Ray on the same machine
 (``ray stop --force`` would kill every Ray process of the user). Token authentication uses
 a token made for this cluster (``RAY_AUTH_TOKEN``), handed to the nodes and to this process.
+
+Every connection stays on 127.0.0.0/8 (``test_loopback.py`` reads the sockets): the head is 127.0.0.2 and
+worker n 127.0.0.(3+n), since Ray 2.60 replaces 127.0.0.1 (and only that loopback address) with the
+machine's outward one; the nodes' Ray sends its "usage stats disabled" report to a closed loopback port
+and finds a local provider in its home folder's ``ray_bootstrap_config.yaml`` (a folder of the cluster's
+own) instead of asking cloud metadata servers what it runs on.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+HEAD_IP = "127.0.0.2"
+
+
+def worker_ip(n: int) -> str:
+    return f"127.0.0.{3 + n}"
+
+
 def cluster_env() -> dict[str, str]:
     """Environment of the nodes (and of this process, set before ``ray`` is imported)."""
     return {
@@ -43,9 +56,22 @@ def cluster_env() -> dict[str, str]:
     }
 
 
+def node_env(home: str) -> dict[str, str]:
+    """What keeps a node's own Ray off the network: a home with a local provider's bootstrap config, and the
+    usage report's address on a closed loopback port (the model cache stays the caller's). And what has each
+    Python process of the node write down where it connects (``sockets.connected(home/connect)`` reads it)."""
+    from nemo_gym_env.policies.models import cache_dir
+
+    from .sockets import connect_log_env
+
+    logged = connect_log_env(Path(home) / "connect")
+    return {"HOME": home, "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/", "NEMO_GYM_ENV_CACHE": str(cache_dir()),
+            **logged, "PYTHONPATH": os.pathsep.join((logged["PYTHONPATH"], cluster_env()["PYTHONPATH"]))}
+
+
 @dataclass
 class LocalCluster:
-    """A head node and worker nodes started with ``ray start --block`` on 127.0.0.1, ``cpus`` CPUs each."""
+    """A head node (127.0.0.2) and worker nodes (127.0.0.3, ...) started with ``ray start --block``, ``cpus`` CPUs each."""
 
     address: str = ""
     temp_dir: str = ""
@@ -57,12 +83,13 @@ class LocalCluster:
     @classmethod
     def start(cls, workers: int = 1, timeout_s: float = 180.0, cpus: int = 2) -> LocalCluster:
         cluster = cls(temp_dir=tempfile.mkdtemp(prefix="ngr", dir="/tmp"), cpus=cpus)  # short: socket paths are limited
+        (Path(cluster.temp_dir) / "ray_bootstrap_config.yaml").write_text("provider: {type: local}\n")
         try:
             for attempt in (1, 2):  # Ray gives a node 30 s to register, which a loaded machine can miss
                 port = _free_port()
-                cluster.address = f"127.0.0.1:{port}"
+                cluster.address = f"{HEAD_IP}:{port}"
                 head = cluster._node("head", ["--head", f"--port={port}", "--include-dashboard=false",
-                                              f"--temp-dir={cluster.temp_dir}"])
+                                              f"--temp-dir={cluster.temp_dir}"], HEAD_IP)
                 if cluster._started(head, "head", timeout_s):
                     break
                 if attempt == 2 or "timed out during startup" not in cluster.log_tail("head"):
@@ -78,15 +105,16 @@ class LocalCluster:
         return cluster
 
     def add_worker(self, name: str) -> subprocess.Popen:
-        process = self._node(name, [f"--address={self.address}"])
+        process = self._node(name, [f"--address={self.address}"], worker_ip(len(self.nodes) - 1))
         self._names[process.pid] = name
         return process
 
-    def _node(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _node(self, name: str, args: list[str], ip: str) -> subprocess.Popen:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, f"--num-cpus={self.cpus}",
-                   "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
+                   f"--node-ip-address={ip}", "--disable-usage-stats", "--block"]
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the node writes it until stopped
-        process = subprocess.Popen(command, env={**os.environ, **cluster_env()}, stdout=log, stderr=subprocess.STDOUT,
+        env = {**os.environ, **cluster_env(), **node_env(self.temp_dir)}
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.nodes.append(process)

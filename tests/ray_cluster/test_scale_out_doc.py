@@ -2,10 +2,11 @@
 
 The commands are read from the page (the blocks marked ``<!-- run: NAME -->``) and run by bash,
 each "machine" in a home folder of its own (the head's token file is not on the other node). This
-machine stands in for both: the head's address becomes 127.0.0.1, port 6379 a free port, 16 CPUs 2,
+machine stands in for both: the head's address becomes 127.0.0.2, port 6379 a free port, 16 CPUs 2,
 and a ``ray`` on the PATH before the real one adds to ``ray start`` only what keeps the test's
-nodes apart from any other Ray here (``--block`` in a session of its own, a temporary folder, the
-loopback address); every other ``ray`` command goes to Ray unchanged. Then what the page says about
+nodes apart from any other Ray here (``--block`` in a session of its own, a temporary folder, a
+loopback address: 127.0.0.2 for the head, 127.0.0.3 for the other); every other ``ray`` command goes
+to Ray unchanged. Then what the page says about
 a missing token is checked: ``ray status`` and ``connect()`` fail at once, naming it.
 """
 
@@ -26,18 +27,20 @@ from pathlib import Path
 import pytest
 
 from .cluster import REPO, descendants
+from .sockets import PeerWatch, connect_log_env, connected, is_loopback, process_tree
 
 pytestmark = pytest.mark.slow
 
 DOC = REPO / "docs" / "scale_out.md"
-BLOCK = re.compile(r"<!-- run: (?P<name>[\w.]+) -->\n```\w*\n(?P<body>.*?)\n```", re.DOTALL)
+BLOCK = re.compile(r"<!-- run: (?P<name>[\w.-]+) -->\n```\w*\n(?P<body>.*?)\n```", re.DOTALL)
 
 SHIM = r"""#!/usr/bin/env bash
 # `ray start` for a test: blocking, in a session of its own, isolated; any other `ray` command unchanged.
 if [ "$1" != start ]; then exec "$RAY_PYTHON" -m ray.scripts.scripts "$@"; fi
 shift
-extra=(--block --temp-dir="$RAY_TEST_TMP/r$$" --node-ip-address=127.0.0.1 --disable-usage-stats)
-case " $* " in *" --head "*) extra+=(--include-dashboard=false) ;; esac
+extra=(--block --temp-dir="$RAY_TEST_TMP/r$$" --disable-usage-stats)
+case " $* " in *" --head "*) extra+=(--include-dashboard=false --node-ip-address=127.0.0.2) ;;
+  *) extra+=(--node-ip-address=127.0.0.3) ;; esac
 for attempt in 1 2 3; do
   log="$RAY_TEST_TMP/node$$-$attempt.log"
   setsid "$RAY_PYTHON" -m ray.scripts.scripts start "$@" "${extra[@]}" >"$log" 2>&1 </dev/null &
@@ -61,7 +64,7 @@ exit 1
 
 def _blocks() -> dict[str, str]:
     found = {m["name"]: m["body"] for m in BLOCK.finditer(DOC.read_text())}
-    assert {"head", "node", "status", "script", "smoke_test.py"} <= set(found), sorted(found)
+    assert {"head", "node", "status", "script", "smoke_test.py", "one-start", "one-script", "one-stop"} <= set(found)
     return found
 
 
@@ -72,7 +75,7 @@ def _free_port() -> int:
 
 
 def _as_here(text: str, port: int, token: str = "") -> str:
-    return (text.replace("10.0.0.1", "127.0.0.1").replace("6379", str(port)).replace("--num-cpus=16", "--num-cpus=2")
+    return (text.replace("10.0.0.1", "127.0.0.2").replace("6379", str(port)).replace("--num-cpus=16", "--num-cpus=2")
             .replace("<token>", token))
 
 
@@ -81,7 +84,8 @@ def _machine(root: Path, name: str) -> dict[str, str]:
     home = root / name
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
-    return {**env, "HOME": str(home), "PATH": f"{root / 'bin'}{os.pathsep}{env['PATH']}", "RAY_PYTHON": sys.executable,
+    path = os.pathsep.join((str(root / "bin"), str(Path(sys.executable).parent), env["PATH"]))  # `python`: this one
+    return {**env, "HOME": str(home), "PATH": path, "RAY_PYTHON": sys.executable,
             "RAY_TEST_TMP": str(root), "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -129,7 +133,7 @@ def test_the_cluster_section_works_as_written_auth_included() -> None:
         assert f"{2 * tasks} rollouts, mean reward 1.00" in ran.stdout, ran.stdout + ran.stderr[-2000:]
 
         # What the page says of a missing token: ray status and connect() say so at once.
-        address = f"127.0.0.1:{port}"
+        address = f"127.0.0.2:{port}"
         bare = _machine(root, "bare")
         refused = _bash(f"ray status --address={address}", bare, root)
         assert refused.returncode != 0 and "InvalidAuthToken" in refused.stderr, refused.stderr[-2000:]
@@ -177,3 +181,72 @@ def _alive(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def test_the_one_machine_steps_keep_to_loopback_and_to_themselves() -> None:
+    """The "One machine" blocks as written, in one shell, the cluster's processes watched from before its start:
+    every connection of theirs on 127.0.0.0/8 (sampled, and each Python process's own record of its connects
+    and name lookups), no token in ~/.ray, and after the stop block nothing left that carries the cluster's folder.
+    """
+    blocks = _blocks()
+    root = Path(tempfile.mkdtemp(prefix="ngone", dir="/tmp"))
+    port = str(_free_port())
+    home = root / "home"
+    home.mkdir()
+    (root / "smoke_test.py").write_text(blocks["smoke_test.py"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+               NEMO_GYM_ENV_CACHE=str(root / "cache"), **connect_log_env(root / "connect"))
+    # The doc's blocks as written, in one shell; the test adds only the lines that print what it checks.
+    script = "\n".join([blocks["one-start"].replace("6379", port), 'echo "folder=$RAY_ONE"',
+                        blocks["one-script"].replace("6379", port),
+                        'echo "stopping=$(date +%s.%N)"', blocks["one-stop"], 'echo "stopped=$(date +%s.%N)"'])
+    shell = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], env=env, cwd=root, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        with PeerWatch(lambda: process_tree([shell.pid])) as watch:
+            out, err = shell.communicate(timeout=600)
+        assert shell.returncode == 0, out[-2000:] + err[-3000:]
+        said = dict(line.split("=", 1) for line in out.splitlines() if re.match(r"^(folder|stopping|stopped)=", line))
+        tasks = sum(1 for line in (REPO / "servers/example_single_tool_call/data/example.jsonl").read_text()
+                    .splitlines() if line.strip())
+        assert f"{2 * tasks} rollouts, mean reward 1.00" in out, out + err[-2000:]
+        assert watch.outside_loopback() == {}
+        assert watch.samples >= 10 and any(peer.startswith("127.0.0.2:") for peer in watch.peers), sorted(watch.peers)
+        logged = connected(root / "connect")
+        assert any(peer.startswith("127.0.0.") for peer in logged), logged
+        assert {peer: who for peer, who in logged.items() if not is_loopback(peer)} == {}
+        assert not (home / ".ray").exists()  # the token stayed in the cluster's folder
+        assert float(said["stopped"]) - float(said["stopping"]) < 20  # not the 30 s drain of a group SIGTERM
+        folder = said["folder"]
+        assert not Path(folder).exists()
+        assert _carrying(folder) == [], _carrying(folder)  # `ps` finds nothing of it
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+        for pid in _carrying(str(root)):  # every process of the cluster has the connect log's folder in its environment
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _carrying(text: str) -> list[int]:
+    """The live processes whose command line or environment holds ``text``."""
+    found = []
+    needle = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                seen = handle.read()
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                seen += handle.read()
+        except OSError:
+            continue
+        if needle in seen:
+            found.append(int(entry))
+    return found
