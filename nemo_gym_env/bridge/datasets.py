@@ -52,7 +52,8 @@ def server_block(target: str, **settings: Any) -> dict[str, Any]:
 
 def prompt_of(block: dict[str, Any]) -> str:
     """The system prompt of a hosted env's rows: its rules and how to answer."""
-    server = check_hosted("dataset", dict(block))  # a wrong block fails here, in one line
+    # a wrong block fails here, in one line that names its env (or game)
+    server = check_hosted(str(block.get("env_id") or block.get("game") or "hosted env"), dict(block))
     if "env_id" in block:
         from nemo_gym_env.bridge.gymnasium_env import task_prompt
 

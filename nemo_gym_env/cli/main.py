@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import sys
 import textwrap
 import traceback
@@ -269,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     module, _, function = args.run.partition(":")
+    here = os.path.abspath(os.curdir)  # modules of the folder the command runs from import, after installed ones
+    if here not in sys.path:
+        sys.path.append(here)
     try:
         # A command's module is imported only when it runs, so `--help` and `list` stay quick.
         return int(getattr(importlib.import_module(module), function)(args) or 0)

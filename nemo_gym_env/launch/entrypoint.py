@@ -56,13 +56,19 @@ def resolve_entrypoint(spec: ServerSpec) -> Path:
 
 
 def child_pythonpath(existing: str | None) -> str:
-    """``PYTHONPATH`` for a child: the folder holding this nemo_gym_env first, unless it is site-packages.
+    """``PYTHONPATH`` for a child server: the folder holding this nemo_gym_env first, unless it is site-packages;
+    then the caller's own entries, made absolute (the child runs in its server's folder, not the caller's);
+    last, the caller's folder, so ``module:Class`` targets, formatters and verifiers of the folder a command
+    runs from import in the server as they do in the caller (as ``python`` finds them there).
 
     So a child started from a checkout (tests, development) imports the same nemo_gym_env as
     this process, installed or not.
     """
     root = Path(__file__).resolve().parents[2]  # the folder holding the nemo_gym_env package
-    parts = [existing] if existing else []
+    here = os.getcwd()
+    parts = [os.path.abspath(part) if part else here for part in (existing.split(os.pathsep) if existing else [])]
     if root.name not in ("site-packages", "dist-packages"):
         parts.insert(0, str(root))
+    if here not in parts:
+        parts.append(here)
     return os.pathsep.join(parts)

@@ -28,9 +28,8 @@ def blocks() -> list[tuple[str | None, str, str]]:
 
 
 def _env(folder: Path) -> dict[str, str]:
-    env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
-    return env
+    """The environment a user has: the page's files are found because the commands run in their folder."""
+    return cli_env()
 
 
 def _serve_until_ready(args: list[str], folder: Path) -> None:
@@ -102,3 +101,26 @@ def test_every_example_runs(tmp_path):
     assert (tmp_path / "my_env" / "configs" / "my_env.yaml").is_file()  # init ran, and check passed on it
     assert ran.count("serve") == 4 and ran.count("check") == 5 and ran.count("python") >= 4
 
+
+
+def test_a_module_of_the_folder_imports_from_a_relative_pythonpath_too_and_a_broken_one_is_named(tmp_path):
+    """``check`` from the folder holding the page's module: with no PYTHONPATH (above), with ``PYTHONPATH=.``
+    (relative: the server runs in another folder), and with a module that really does not import: one line
+    that names the env and the module's own error, no traceback."""
+    for name, lang, body in blocks():
+        if name:
+            (tmp_path / name).write_text(body)
+    config = next(name for name, _, _ in blocks() if name and name.endswith(".yaml"))
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join(p for p in (".", cli_env().get("PYTHONPATH")) if p)}
+    done = subprocess.run([*CLI, "check", config], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    module = tmp_path / "my_envs.py"
+    module.write_text(module.read_text() + "\nimport a_module_nobody_installed\n")
+    done = subprocess.run([*CLI, "check", config], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert lines == ["nemo-gym-env: error: my_envs:Counter: formatter 'my_envs:describe': module 'my_envs' does not "
+                     "import: ModuleNotFoundError: No module named 'a_module_nobody_installed'"], done.stderr
+    assert "Traceback" not in done.stderr
