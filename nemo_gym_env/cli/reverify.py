@@ -30,6 +30,7 @@ from nemo_gym_env.rollouts.reverify import (
     gymnasium_servers,
     iter_input,
     line_ranges,
+    played_servers,
     reverify_rows,
 )
 from nemo_gym_env.system.processes import sigterm_raises
@@ -43,12 +44,14 @@ def default_output(path: str | Path) -> Path:
     return path.with_name(path.stem + "_reverified.jsonl")
 
 
-def _route(targets: dict[str, str]):
+def _route(targets: dict[str, str], others: set[str] = frozenset()):
+    """Each row's server among ``targets`` (the only one for rows that name none), or among ``others``
+    (servers whose rows are skipped, not started)."""
     only = next(iter(targets)) if len(targets) == 1 else None
 
     def route(row) -> str:
         name = server_of(row)
-        if name in targets:
+        if name in targets or name in others:
             return name
         if only is not None:
             return only
@@ -72,6 +75,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     per_server = count_by_server(source)
     launcher = None
     stopped: list[int] = []
+    played: set[str] = set()  # Gymnasium-protocol servers known from their rows: skipped, never started
     try:
         if args.server_url:
             targets = {names[0] if names else "server": args.server_url.rstrip("/")}
@@ -83,16 +87,19 @@ def cmd_reverify(args: argparse.Namespace) -> int:
             wanted = names or ([] if configured else sorted(n for n in per_server if n))
             if not wanted and not configured:
                 raise UsageError("the rows name no server (agent_ref); name one, or give --server-url")
-            cfg = load_run_config(wanted, overrides, env_yaml_path(args))
-            specs = server_specs(cfg)
-            launcher = Launcher(auto_restart=True, log_dir=args.log_dir)
-            targets = {proc.name: proc.url for proc in launcher.start_all(specs)}
-            say(f"started {len(targets)} server(s): {', '.join(targets)}")
-        route = _route(targets)
+            played = played_servers(source)
+            cfg = load_run_config([n for n in wanted if n not in played], overrides, env_yaml_path(args))
+            specs = [spec for spec in server_specs(cfg) if spec.instance_name not in played]
+            targets = {}
+            if specs:
+                launcher = Launcher(auto_restart=True, log_dir=args.log_dir)
+                targets = {proc.name: proc.url for proc in launcher.start_all(specs)}
+                say(f"started {len(targets)} server(s): {', '.join(targets)}")
+        route = _route(targets, played)
         for name in per_server:  # every row has a server before anything is written
             route({"agent_ref": {"name": name}} if name else {})
         clients = {n: ResourcesClient(u, timeout_s=args.timeout, verify_timeout_s=args.timeout) for n, u in targets.items()}
-        skip = asyncio.run(gymnasium_servers(clients))
+        skip = asyncio.run(gymnasium_servers(clients)) | played
         if skip:
             lines = {n: [number for number, row in iter_input(source) if route(row) == n] for n in sorted(skip)}
             total -= sum(len(v) for v in lines.values())

@@ -93,9 +93,20 @@ class RolloutPlan:
     """One per target (the same object for all, except scripted players); empty while :attr:`loading`."""
     loading: concurrent.futures.Future | None = None
     """The local model loading in the background (``plan_rollouts(background=True)``), until :meth:`ready`."""
+    deferred: Say | None = None
+    """Set while a background load waits for :meth:`start_loading` (its ``say``): a run with nothing left to
+    play never loads the model."""
+
+    def start_loading(self) -> None:
+        """Start the deferred model load in a background thread (once; nothing if nothing is deferred)."""
+        if self.deferred is not None:
+            loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
+            self.loading, self.deferred = loader.submit(_policies, self, self.deferred), None
+            loader.shutdown(wait=False)
 
     def ready(self) -> None:
         """Wait for a model still loading and make it every target's policy; its load error is raised here."""
+        self.start_loading()
         if self.loading is not None:
             self.policies, self.loading = self.loading.result(), None
 
@@ -204,9 +215,7 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None,
         raise UsageError("no valid task rows to run")
     plan = RolloutPlan(settings, cfg, kind, targets)
     if kind == "local" and background:
-        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
-        plan.loading = loader.submit(_policies, plan, say)
-        loader.shutdown(wait=False)
+        plan.deferred = say  # loads once the run knows it has rollouts to play, while its servers start
     else:
         plan.policies = _policies(plan, say)
     return plan

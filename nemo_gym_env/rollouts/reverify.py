@@ -286,6 +286,19 @@ def change_table(changes: Mapping[str, Change]) -> str:
     return text_table(table, numeric=True)
 
 
+def played_servers(path: str | Path) -> set[str]:
+    """The servers (``agent_ref.name``) every one of whose rows is a played Gymnasium-protocol episode: rows that
+    end with the game's ``terminated`` and ``truncated`` flags, which only ``/step`` answers give. Re-verifying
+    skips them without starting their servers."""
+    played: dict[str, bool] = {}
+    for _, row in iter_input(path):
+        name = server_of(row)
+        if name:
+            episode = isinstance(row.get("terminated"), bool) and isinstance(row.get("truncated"), bool)
+            played[name] = played.get(name, True) and episode
+    return {name for name, episode in played.items() if episode}
+
+
 def count_by_server(path: str | Path) -> dict[str, int]:
     """Rows per server (``agent_ref.name``; ``""`` for rows that name none) of a checked input file."""
     counts: dict[str, int] = defaultdict(int)

@@ -87,8 +87,12 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     todo = {n: [(task, missing) for task, missing in tasks if missing] for n, tasks in todo.items()}
     remaining = sum(len(missing) for tasks in todo.values() for _, missing in tasks)
     stopped: list[int] = []
+    if not remaining:  # nothing to play: no model loads, no server starts
+        say(f"{expected} rollout(s), none left to run: {writer.path} holds them all")
+        return stopped
     launcher = None
     try:
+        plan.start_loading()  # a local model loads while the servers start
         to_launch = [targets[n].spec for n, tasks in todo.items() if tasks and targets[n].url is None]
         if to_launch:
             started = time.monotonic()
@@ -99,8 +103,6 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         plan.ready()  # a model loading meanwhile (plan_rollouts(background=True))
         say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
             f"{', '.join(targets)}; policy {plan.describe_policy()}; output {writer.path}")
-        if not remaining:
-            return stopped
         clients = ServerClients({n: t.url for n, t in targets.items() if t.url is not None}, timeout_s=settings.timeout)
         sampling = settings.sampling
 

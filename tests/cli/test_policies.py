@@ -111,9 +111,13 @@ def test_local_policy_short_generations(tmp_path):
     assert all(isinstance(r["reward"], float) for r in rows)
     assert "policy local:" in result.stderr
 
-    # With no --policy, the local model is the default (nothing left to run here: --resume).
+    # With no --policy, the local model is the default: the resume is not refused for another policy (the
+    # manifest names it). Nothing is left to run, so no model loads and no server starts.
     again = run_cli("rollouts", ONE, "--limit", "2", "--max-output-tokens", "16", "-o", str(out), "--resume",
                     timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "loading the local model" in again.stderr
+    assert f"2 rollout(s), none left to run: {out} holds them all" in again.stderr
+    assert "loading the local model" not in again.stderr and "server(s)" not in again.stderr, again.stderr
     assert len(read_jsonl(out)) == 2
+    other = run_cli("rollouts", ONE, "--policy", "scripted", "--limit", "2", "-o", str(out), "--resume")
+    assert other.returncode != 0 and "other settings" in other.stderr, other.stderr[-2000:]

@@ -85,6 +85,8 @@ def test_reverify_on_the_runs_own_file_skips_game_rows_saying_which_and_why(mixe
     assert len(skipped) == 1 and "skipping 4 row(s) of guess_number" in skipped[0]
     assert "Gymnasium-protocol server (/reset + /step) has no /verify" in skipped[0]
     assert all(str(n) in skipped[0] for n in (games[0], games[-1]))
+    started = [line for line in result.stderr.splitlines() if "started" in line]
+    assert len(started) == 1 and "guess_number" not in started[0], started  # its rows are skipped: never started
     again = read_jsonl(folder / "results" / "rollouts_reverified.jsonl")
     assert len(again) == len(rows) - 4 and {r["agent_ref"]["name"] for r in again} == {"example_single_tool_call", "rewards"}
     assert "guess_number" not in result.stdout and "example_single_tool_call" in result.stdout
