@@ -112,6 +112,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         "\nnext:\n"
         f"  {test}\n"
         f"  {PROG} serve \"+config_paths=[{rel}/configs/{name}.yaml]\"\n"
+        f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy local"
+        "   # offline: the embedded model (the `local` extra)\n"
         f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy openai"
+        "  # your endpoint (env.yaml)"
     )
     return 0

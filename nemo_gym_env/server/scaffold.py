@@ -289,6 +289,8 @@ python -m pytest __NAME__/tests -q                                     # test it
 nemo-gym-env validate __NAME__/data/example.jsonl                      # check the tasks
 nemo-gym-env serve "+config_paths=[__NAME__/configs/__NAME__.yaml]"    # serve it (and a head server)
 nemo-gym-env rollouts "+config_paths=[__NAME__/configs/__NAME__.yaml]" \\
+    --input __NAME__/data/example.jsonl --policy local                  # rollouts offline: the embedded model
+nemo-gym-env rollouts "+config_paths=[__NAME__/configs/__NAME__.yaml]" \\
     --input __NAME__/data/example.jsonl --policy openai                 # rollouts with the model of env.yaml
 ```
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -142,6 +144,22 @@ def test_init_scaffold_passes_its_own_tests_and_launches(tmp_path):
     again = run_cli("init", "my_env", "--dir", str(tmp_path))
     assert_one_line_error(again)
     assert "already exists" in again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")),
+                    reason="the local policy needs torch and transformers")
+def test_inits_first_rollouts_advice_runs_offline(tmp_path):
+    """The first rollouts command ``init`` advises needs no endpoint: the embedded model plays the new server."""
+    made = run_cli("init", "my_env", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    advice = [line.split("#")[0].strip() for line in made.stdout.split("next:\n", 1)[1].splitlines()]
+    rollouts = [line for line in advice if line.startswith("nemo-gym-env rollouts")]
+    assert "--policy local" in rollouts[0] and "--policy openai" in rollouts[1], advice
+    words = shlex.split(rollouts[0])[1:] + ["--limit", "2", "--max-output-tokens", "16"]
+    ran = run_cli(*words, cwd=tmp_path, timeout=900)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert len(read_jsonl(tmp_path / "results" / "rollouts.jsonl")) == 2
 
 
 @pytest.mark.slow
