@@ -67,14 +67,17 @@ from nemo_gym_env.server.mcp_seed import McpSeedMiddleware
 from nemo_gym_env.server.middleware import add_lifespan
 from nemo_gym_env.server.sessions import SessionStore
 
-__all__ = ["MCP_PATH", "SESSION_TOKEN_HEADER", "STEP_REWARD_META", "McpExposure", "expose_over_mcp"]
+__all__ = ["HARNESS_META", "MCP_PATH", "SESSION_TOKEN_HEADER", "STEP_REWARD_META", "McpExposure", "expose_over_mcp"]
 
 STEP_REWARD_META = "nemo_gym_env/step_reward"
 """Key of a tool call's step reward in its result's ``_meta``."""
+HARNESS_META = "nemo_gym_env/harness"
+"""Key set (true) in the ``_meta`` of the tools that are for harness code, not for a model: ``seed_session``
+and ``close_session``. Every listing holds them (and ``verify``), so a client can validate any call it makes."""
 _MCP_SESSION_HEADER = "mcp-session-id"
 
 SEED_TOOL = Tool(
-    name="seed_session",
+    name="seed_session", _meta={HARNESS_META: True},
     description="Start an episode: name a task by its index in this server's task list, or give the whole "
     "task row. Returns the task's input messages and the episode's token.",
     input_schema={"type": "object", "additionalProperties": False, "properties": {
@@ -87,7 +90,12 @@ VERIFY_TOOL = Tool(
     input_schema={"type": "object", "additionalProperties": False, "required": ["answer"],
                   "properties": {"answer": {"type": "string", "description": "your final answer"}}},
 )
-CLOSE_TOOL_NAME = "close_session"
+CLOSE_TOOL = Tool(
+    name="close_session", _meta={HARNESS_META: True},
+    description="End the episode unscored.",
+    input_schema={"type": "object", "additionalProperties": False, "properties": {}},
+)
+CLOSE_TOOL_NAME = CLOSE_TOOL.name
 
 
 def route_tools(app: FastAPI) -> list[Tool]:
@@ -295,13 +303,17 @@ class McpExposure:
     # ---- the MCP handlers ---------------------------------------------------------------------
 
     async def list_tools(self, ctx: Any, params: Any) -> ListToolsResult:
-        """The episode's tools and ``verify``; before one starts, the server's tools and ``seed_session``."""
+        """The episode's tools and ``verify`` (before one starts, the server's tools and ``verify``), then the
+        harness's ``seed_session`` and ``close_session``: every tool a call may name is always listed, so a
+        client can validate each call's result whatever the episode's state when it refreshes its list."""
         episode = self._episode(ctx.request, required=False)
         if episode is not None:
-            return ListToolsResult(tools=[*row_tools(episode.row), VERIFY_TOOL])
-        if self._route_tools is None:
-            self._route_tools = route_tools(self.app)
-        return ListToolsResult(tools=[*self._route_tools, SEED_TOOL])
+            tools = row_tools(episode.row)
+        else:
+            if self._route_tools is None:
+                self._route_tools = route_tools(self.app)
+            tools = self._route_tools
+        return ListToolsResult(tools=[*tools, VERIFY_TOOL, SEED_TOOL, CLOSE_TOOL])
 
     async def call_tool(self, ctx: Any, params: Any) -> CallToolResult:
         """A tool of the episode, or one of ``seed_session``, ``verify``, ``close_session``."""

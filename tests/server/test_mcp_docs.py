@@ -36,9 +36,11 @@ def write_doc_files(folder: Path) -> None:
 
 
 def run(folder: Path, *args: str) -> str:
+    """Run a doc's script; it must succeed and print nothing on stderr (no warning of the MCP SDK's either)."""
     done = subprocess.run([sys.executable, *args], cwd=folder, capture_output=True, text=True, timeout=600,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
     return done.stdout
 
 

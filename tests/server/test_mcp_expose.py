@@ -27,6 +27,7 @@ from nemo_gym_env.launch.catalog import bundled_dataset
 from nemo_gym_env.protocol.items import final_answer
 from nemo_gym_env.protocol.types import make_response
 from nemo_gym_env.server.mcp_episodes import SESSION_TOKEN_HEADER
+from nemo_gym_env.server.mcp_expose import HARNESS_META
 from tests.conftest import example_rows, scripted
 from tests.server.mcp_serving import start_serve, stop_serve
 
@@ -98,12 +99,15 @@ async def mcp_handshake_episode(url: str, server: str, task_index: int, correct:
     """The protocol's handshake form: one MCP session is one episode, named by its index."""
     row = example_rows(server)[task_index]
     async with Client(url + "/mcp", mode="legacy") as client:
-        before = {tool.name for tool in (await client.list_tools()).tools}
-        assert "seed_session" in before and "verify" not in before
+        before = (await client.list_tools()).tools
+        assert [t.name for t in before[-3:]] == ["verify", "seed_session", "close_session"]  # every callable name
+        assert [bool((t.meta or {}).get(HARNESS_META)) for t in before[-3:]] == [False, True, True]
         seeded = await client.call_tool("seed_session", {"task_index": task_index})
         assert seeded.structured_content["task_index"] == task_index
         tools = (await client.list_tools()).tools
-        assert _tool_view(tools) == [*_row_view(row), ("verify", tools[-1].input_schema)]  # what the env shows
+        model = [t for t in tools if not (t.meta or {}).get(HARNESS_META)]  # what a model should see
+        assert _tool_view(model) == [*_row_view(row), ("verify", model[-1].input_schema)]  # what the env shows
+        assert [t.name for t in tools[len(model):]] == ["seed_session", "close_session"]
         return await play_mcp(client, server, row, correct)
 
 
@@ -115,7 +119,7 @@ async def mcp_token_episode(url: str, server: str, task_index: int, correct: boo
     headers = seeded.structured_content["headers"]
     assert seeded.structured_content["input"][-1]["content"] == row["responses_create_params"]["input"][-1]["content"]
     async with Client(streamable_http_client(url + "/mcp", http_client=httpx2.AsyncClient(headers=headers))) as client:
-        assert _tool_view((await client.list_tools()).tools)[:-1] == _row_view(row)
+        assert _tool_view((await client.list_tools()).tools)[:-3] == _row_view(row)
         return await play_mcp(client, server, row, correct)
 
 
