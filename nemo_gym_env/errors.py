@@ -197,7 +197,12 @@ class ServerCrashed(LaunchError):
         self.name = name
         self.returncode = returncode
         self.log_tail = log_tail
-        super().__init__(f"server {name!r} exited with code {returncode} during start-up; last log lines:\n{log_tail}")
+        said = [line for line in log_tail.splitlines() if line.startswith(f"{name}: cannot start: ")]
+        if said:  # the server named its own failure in one line (``server.serving``): that is the message
+            super().__init__(f"server {name!r} did not start: {said[-1].split(': cannot start: ', 1)[1]}")
+        else:
+            super().__init__(f"server {name!r} exited with code {returncode} during start-up; last log lines:\n"
+                             f"{log_tail}")
 
 
 class UnknownServerError(NemoGymError, KeyError):

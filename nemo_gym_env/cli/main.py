@@ -263,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(leftovers)}")
     debug = bool(getattr(args, "debug", False))
     args.debug = debug
+    if debug:  # the servers this command starts print their tracebacks too
+        os.environ["NEMO_GYM_ENV_DEBUG"] = "1"
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING, format=f"{PROG}: %(levelname)s %(name)s: %(message)s"
     )

@@ -38,6 +38,32 @@ PARENT_GONE_GRACE_S = 5.0
 logger = logging.getLogger("nemo_gym_env.server.serving")
 
 
+DEBUG_ENV = "NEMO_GYM_ENV_DEBUG"
+"""Set (``nemo-gym-env --debug`` sets it for the servers it starts): a server that fails to start prints the traceback."""
+
+
+def _built_or_exit(server_cls: type, config: dict[str, Any], name: str) -> Any:
+    """The server's app; a failure the package names (a bad config, an MCP server that does not start, a module
+    that does not import) is one line, ``NAME: cannot start: ...``, and exit code 1: the traceback only with
+    ``NEMO_GYM_ENV_DEBUG=1``."""
+    from pydantic import ValidationError
+
+    from nemo_gym_env.errors import NemoGymError
+
+    try:
+        return server_cls.from_config(config, name).build_app()
+    except (NemoGymError, ValidationError) as exc:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        if isinstance(exc, ValidationError):
+            why = "invalid config: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                                                 for e in exc.errors()[:5])
+        else:
+            why = " ".join(str(exc).split())
+        print(f"{name}: cannot start: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 def serve_server(server_cls: type) -> None:
     """Serve ``server_cls`` in this process (called by ``SimpleResourcesServer.run_webserver()``).
 
@@ -69,7 +95,7 @@ def serve_server(server_cls: type) -> None:
             host,
             port,
         )
-    app = server_cls.from_config(config, name).build_app()  # fail here, before serving, on a bad config
+    app = _built_or_exit(server_cls, config, name)  # fail here, before serving, on a bad config
     workers = int(config.get("num_workers") or 1)
     logger.info(
         "serving %s (%s) at %s with %d worker(s)", name, server_cls.__name__, http_url(host, port), workers

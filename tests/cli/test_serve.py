@@ -100,6 +100,23 @@ def test_taken_head_port_is_one_clear_error(tmp_path):
     assert f"127.0.0.1:{port}" in result.stderr
 
 
+def test_a_server_that_cannot_start_is_one_line_and_its_traceback_is_for_debug(tmp_path):
+    """A bridged MCP server that hangs at start-up: the cause named in one line; ``--debug`` shows the traceback."""
+    folder = tmp_path / "stuck"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "app.py").write_text("from nemo_gym_env.server.mcp_bridge import McpResourcesServer\n\n"
+                                   "if __name__ == '__main__':\n    McpResourcesServer.run_webserver()\n")
+    (folder / "configs" / "stuck.yaml").write_text(yaml.safe_dump({"stuck": {"resources_servers": {"stuck": {
+        "entrypoint": "app.py", "start_timeout_s": 3,
+        "mcp_server": {"command": "{python}", "args": ["-c", "import time; time.sleep(600)"]}}}}}))
+    command = ("serve", f"+config_paths=[{folder / 'configs' / 'stuck.yaml'}]", "+head_server.port=0")
+    result = run_cli(*command)
+    assert_one_line_error(result)
+    assert "error: server 'stuck' did not start: MCP server" in result.stderr and "did not start within 3 s" in result.stderr
+    debug = run_cli(*command, "--debug")
+    assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
+
+
 def test_nothing_to_serve_and_unknown_name():
     assert_one_line_error(run_cli("serve"))
     result = run_cli("serve", "no_such_server")
