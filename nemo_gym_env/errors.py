@@ -44,7 +44,6 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
-    "NemoGymError",
     "ActionError",
     "ClusterCapacityError",
     "ClusterConnectionError",
@@ -55,14 +54,15 @@ __all__ = [
     "LaunchError",
     "McpError",
     "ModelProvisionError",
+    "NemoGymError",
+    "NemoRLFormatError",
     "NoContinuation",
     "PageRequestError",
-    "RowGoneError",
-    "NemoRLFormatError",
     "PolicyError",
     "PolicyTimeout",
     "RolloutFailed",
     "RolloutFileError",
+    "RowGoneError",
     "ScaffoldError",
     "ServerCrashed",
     "ServerError",
