@@ -31,26 +31,38 @@ HISTOGRAM_BINS = 10
 _ALL = "all"  # summarize's name for rows without agent_ref.name
 
 
-def histogram(rewards: Sequence[float], bins: int = HISTOGRAM_BINS) -> list[dict[str, float]]:
-    """Counts of rewards in equal bins over [0, 1] (or over [min, max] when rewards leave it).
+def histogram(rewards: Sequence[float], bins: int = HISTOGRAM_BINS) -> list[dict[str, Any]]:
+    """Counts of rewards, each bin with the ``label`` a page shows under it.
+
+    Up to ``bins`` distinct rewards (a binary or few-valued reward): one bin per value, labelled by it, so a
+    1.0 reads "1.0". More: equal bins over [0, 1] (or over [min, max] when rewards leave it), labelled by
+    their range, "[0.9, 1.0]" (each bin holds its low edge; the last its high one too).
 
     Example:
-        >>> [b["count"] for b in histogram([0.0, 0.0, 1.0], bins=2)]
-        [2, 1]
+        >>> [(b["label"], b["count"]) for b in histogram([0.0, 0.0, 1.0])]
+        [('0.0', 2), ('1.0', 1)]
     """
     if not rewards:
         return []
+    values = Counter(float(r) for r in rewards)
+    if len(values) <= bins:
+        return [{"low": v, "high": v, "count": values[v], "label": _number(v)} for v in sorted(values)]
     low, high = min(rewards), max(rewards)
     if low >= 0.0 and high <= 1.0:
         low, high = 0.0, 1.0
-    if high == low:
-        return [{"low": low, "high": high, "count": len(rewards)}]
     width = (high - low) / bins
     counts = [0] * bins
     for reward in rewards:
         counts[min(int((reward - low) / width), bins - 1)] += 1
-    return [{"low": round(low + i * width, 12), "high": round(low + (i + 1) * width, 12), "count": c}
+    edges = [round(low + i * width, 12) for i in range(bins)] + [high]
+    return [{"low": edges[i], "high": edges[i + 1], "count": c,
+             "label": f"[{_number(edges[i])}, {_number(edges[i + 1])}{']' if i == bins - 1 else ')'}"}
             for i, c in enumerate(counts)]
+
+
+def _number(value: float) -> str:
+    """A reward as a person reads it: 1.0, 0.0, -0.12, 0.333."""
+    return f"{value:.1f}" if float(value).is_integer() else f"{round(value, 3):g}"
 
 
 def _pass_at(agent: dict[str, Any]) -> list[dict[str, float]]:

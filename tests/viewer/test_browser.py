@@ -15,6 +15,7 @@ import pytest
 
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path
 from nemo_gym_env.rollouts.report import metrics_table, summarize
+from nemo_gym_env.viewer.summary import histogram
 from tests.conftest import example_rows
 from tests.viewer.conftest import running_cli, wait_until
 from tests.viewer.rollout_data import HOSTILE, built_row, failure_row, jsonl
@@ -234,9 +235,21 @@ def test_the_summary_page_shows_what_rollouts_prints(page, results, screenshot):
         cards = page.locator(".card")
         expect(cards).to_have_count(4)  # three servers and the total
         expect(cards.first).to_contain_text("mean reward 0.500")
-        expect(cards.first.locator(".hist .bin")).to_have_count(10)
-        expect(page.locator("table.reasons tbody tr")).to_have_count(1)
-        expect(page.locator("table.reasons")).to_contain_text("no answer within N s")
+        # Bins labelled by what they hold: each reward value here (0.0 and 1.0), so a 1.0 reads 1.0.
+        rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+        first = cards.first.locator("h3").inner_text()
+        rewards = [r["reward"] for r in rows if r.get("agent_ref", {}).get("name", "all") == first]
+        expect(cards.first.locator(".hist .edge")).to_have_text([b["label"] for b in histogram(rewards)])
+        expect(cards.first.locator(".hist .edge").last).to_have_text("1.0")
+        # Two sections, each named for what it lists; the failed rollout is in the first.
+        failed = page.locator(".reasons-section").filter(has=page.get_by_role("heading", name="Failed rollouts, by reason"))
+        expect(failed.locator("tbody tr")).to_have_count(1)
+        expect(failed).to_contain_text("no answer within N s")
+        expect(page.get_by_role("heading", name="The servers' verdicts, by reason")).to_have_count(1)
+        # Nothing is cut off: every summary element fits its box (long cells wrap).
+        clipped = page.evaluate("""() => [...document.querySelectorAll('.card, pre.metrics-table, table.reasons td')]
+            .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent.slice(0, 80))""")
+        assert clipped == [], clipped
         screenshot(page, "viewer_summary", full_page=True)
         assert all(url.startswith(viewer.url) or url.startswith("data:") for url in page.requests), page.requests
         page.finish()

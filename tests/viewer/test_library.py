@@ -129,8 +129,15 @@ def test_summary_has_the_numbers_rollouts_prints(played):
 
 
 def test_histogram_bins():
-    assert [b["count"] for b in histogram([0.0, 1.0, 1.0, 0.55])] == [1, 0, 0, 0, 0, 1, 0, 0, 0, 2]
+    # Few distinct rewards: a bin per value, labelled by the value (a 1.0 reads 1.0, not "0.9").
+    assert [(b["label"], b["count"]) for b in histogram([0.0, 1.0, 1.0, 0.55])] == [("0.0", 1), ("0.55", 1), ("1.0", 2)]
+    assert [(b["label"], b["count"]) for b in histogram([0.0] * 44 + [-0.12, 1.0, 0.84])] == [
+        ("-0.12", 1), ("0.0", 44), ("0.84", 1), ("1.0", 1)]
     assert histogram([]) == []
-    assert histogram([3.0, 3.0]) == [{"low": 3.0, "high": 3.0, "count": 2}]
-    spread = histogram([-2.0, 0.0, 2.0], bins=4)
-    assert [b["count"] for b in spread] == [1, 0, 1, 1] and spread[0]["low"] == -2.0 and spread[-1]["high"] == 2.0
+    assert histogram([3.0, 3.0]) == [{"low": 3.0, "high": 3.0, "count": 2, "label": "3.0"}]
+    # Many: equal bins labelled by their range, the last one closed.
+    spread = histogram([0.0, 1.0] + [0.05 + 0.1 * i for i in range(10)])
+    assert [b["count"] for b in spread] == [2] + [1] * 8 + [2]
+    assert spread[0]["label"] == "[0.0, 0.1)" and spread[-1]["label"] == "[0.9, 1.0]"
+    wide = histogram([-2.0 + i * 0.25 for i in range(17)], bins=4)
+    assert [b["count"] for b in wide] == [4, 4, 4, 5] and wide[0]["low"] == -2.0 and wide[-1]["high"] == 2.0

@@ -261,9 +261,9 @@ function histogram(bins) {
   return el("div", { class: "hist", title: "rewards" }, bins.map((bin) => {
     const bar = el("div", { class: "bar" });
     bar.style.height = `${Math.round((bin.count / most) * 100)}%`;
-    return el("div", { class: "bin", title: `${fmtReward(bin.low)} – ${fmtReward(bin.high)}: ${bin.count}` },
+    return el("div", { class: "bin", title: `reward ${bin.label}: ${bin.count}` },
       el("div", { class: "count" }, bin.count ? String(bin.count) : ""), el("div", { class: "bar-box" }, bar),
-      el("div", { class: "edge" }, String(Number(bin.low.toFixed(3)))));
+      el("div", { class: "edge" }, bin.label));
   }));
 }
 
@@ -281,6 +281,19 @@ function serverCard(entry) {
     histogram(entry.histogram));
 }
 
+function reasonsSection(title, what, reasons, none) {
+  return el("div", { class: "reasons-section" },
+    el("h3", {}, title),
+    el("p", { class: "muted" }, what),
+    reasons.length
+      ? el("table", { class: "list reasons" },
+          el("thead", {}, el("tr", {}, ["server", "count", "reason", "example"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, reasons.map((r) => el("tr", {},
+            el("td", {}, r.server), el("td", { class: "num" }, String(r.count)),
+            el("td", { class: "wrap" }, r.reason), el("td", { class: "failure-cell wrap" }, r.example)))))
+      : el("p", { class: "muted" }, none));
+}
+
 async function renderSummary() {
   document.getElementById("nav-summary").classList.add("active");
   const box = el("div", {});
@@ -295,14 +308,10 @@ async function renderSummary() {
         el("pre", { class: "metrics-table" }, file.table),
         file.unkeyed_rows ? el("div", { class: "warn-box" }, `${file.unkeyed_rows} row(s) without integer _ng_task_index/_ng_rollout_index are left out, as rollouts leaves them out`) : null,
         el("div", { class: "cards" }, [...file.servers, ...(file.servers.length > 1 ? [file.total] : [])].map(serverCard)),
-        el("h3", {}, "Failures by reason"),
-        file.failures_by_reason.length
-          ? el("table", { class: "list reasons" },
-              el("thead", {}, el("tr", {}, ["server", "where", "count", "reason", "example"].map((h) => el("th", {}, h)))),
-              el("tbody", {}, file.failures_by_reason.map((r) => el("tr", {},
-                el("td", {}, r.server), el("td", {}, r.source), el("td", { class: "num" }, String(r.count)),
-                el("td", {}, r.reason), el("td", { class: "failure-cell", title: r.example }, r.example)))))
-          : el("p", { class: "muted" }, "No failure.")));
+        reasonsSection("Failed rollouts, by reason", "rollouts that ended without a reward (the row is in the failures file)",
+          file.failures_by_reason.filter((r) => r.source === "failed rollout"), "No failed rollout."),
+        reasonsSection("The servers' verdicts, by reason", "finished rollouts whose verify reply gave a reason (a wrong answer, a crash of the code under test, ...)",
+          file.failures_by_reason.filter((r) => r.source !== "failed rollout"), "No verdict gave a reason.")));
     }
     if (!data.complete) box.appendChild(el("p", { class: "muted" }, "still indexing: these numbers will grow"));
   };
