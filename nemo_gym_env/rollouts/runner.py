@@ -88,7 +88,7 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     remaining = sum(len(missing) for tasks in todo.values() for _, missing in tasks)
     stopped: list[int] = []
     if not remaining:  # nothing to play: no model loads, no server starts
-        say(f"{expected} rollout(s), none left to run: {writer.path} holds them all")
+        say(f"{expected} rollout(s), 0 to run: {writer.path} holds them all (no model loads, no server starts)")
         return stopped
     launcher = None
     try:

@@ -116,7 +116,7 @@ def test_local_policy_short_generations(tmp_path):
     again = run_cli("rollouts", ONE, "--limit", "2", "--max-output-tokens", "16", "-o", str(out), "--resume",
                     timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"2 rollout(s), none left to run: {out} holds them all" in again.stderr
+    assert f"2 rollout(s), 0 to run: {out} holds them all (no model loads, no server starts)" in again.stderr
     assert "loading the local model" not in again.stderr and "server(s)" not in again.stderr, again.stderr
     assert len(read_jsonl(out)) == 2
     other = run_cli("rollouts", ONE, "--policy", "scripted", "--limit", "2", "-o", str(out), "--resume")
