@@ -184,6 +184,11 @@ class LaunchError(NemoGymError, RuntimeError):
         self.status_code = status_code
 
 
+CANNOT_START = ": cannot start: "
+"""What a server that fails to start writes after its name, then the cause, on one line (``server.serving``);
+:class:`ServerCrashed` makes that line its message."""
+
+
 class ServerCrashed(LaunchError):
     """A server process exited while starting.
 
@@ -197,9 +202,10 @@ class ServerCrashed(LaunchError):
         self.name = name
         self.returncode = returncode
         self.log_tail = log_tail
-        said = [line for line in log_tail.splitlines() if line.startswith(f"{name}: cannot start: ")]
+        mark = f"{name}{CANNOT_START}"
+        said = [line for line in log_tail.splitlines() if line.startswith(mark)]
         if said:  # the server named its own failure in one line (``server.serving``): that is the message
-            super().__init__(f"server {name!r} did not start: {said[-1].split(': cannot start: ', 1)[1]}")
+            super().__init__(f"server {name!r} did not start: {said[-1][len(mark):]}")
         else:
             super().__init__(f"server {name!r} exited with code {returncode} during start-up; last log lines:\n"
                              f"{log_tail}")

@@ -26,11 +26,10 @@ from nemo_gym_env.rollouts.reverify import (
     change_table,
     check_input,
     compare,
-    count_by_server,
     gymnasium_servers,
+    input_servers,
     iter_input,
     line_ranges,
-    played_servers,
     reverify_rows,
 )
 from nemo_gym_env.system.processes import sigterm_raises
@@ -72,7 +71,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
         raise UsageError("give --head-url or --server-url, not both")
     total = check_input(source)
     names, overrides = split_targets(args.targets)
-    per_server = count_by_server(source)
+    per_server, rows_played = input_servers(source)
     launcher = None
     stopped: list[int] = []
     played: set[str] = set()  # Gymnasium-protocol servers known from their rows: skipped, never started
@@ -87,7 +86,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
             wanted = names or ([] if configured else sorted(n for n in per_server if n))
             if not wanted and not configured:
                 raise UsageError("the rows name no server (agent_ref); name one, or give --server-url")
-            played = played_servers(source)
+            played = rows_played
             cfg = load_run_config([n for n in wanted if n not in played], overrides, env_yaml_path(args))
             specs = [spec for spec in server_specs(cfg) if spec.instance_name not in played]
             targets = {}

@@ -41,8 +41,20 @@ from nemo_gym_env.rollouts.identity import legacy_key, row_identity, server_of
 from nemo_gym_env.rollouts.output import RolloutWriter, scan_rollouts
 from nemo_gym_env.rollouts.report import text_table
 
-__all__ = ["VERDICT_KEYS", "Change", "change_table", "check_input", "compare", "count_by_server", "gymnasium_servers",
-           "iter_input", "line_ranges", "reverified_row", "reverify_rows", "verify_body"]
+__all__ = [
+    "VERDICT_KEYS",
+    "Change",
+    "change_table",
+    "check_input",
+    "compare",
+    "gymnasium_servers",
+    "input_servers",
+    "iter_input",
+    "line_ranges",
+    "reverified_row",
+    "reverify_rows",
+    "verify_body",
+]
 
 VERDICT_KEYS = frozenset({"reward", "reward_components", "failure_kind", "failure_reason", "mask_sample",
                           STEP_REWARDS_KEY, STEP_REWARD_SUM_KEY, VERIFY_REWARD_KEY})
@@ -286,22 +298,17 @@ def change_table(changes: Mapping[str, Change]) -> str:
     return text_table(table, numeric=True)
 
 
-def played_servers(path: str | Path) -> set[str]:
-    """The servers (``agent_ref.name``) every one of whose rows is a played Gymnasium-protocol episode: rows that
-    end with the game's ``terminated`` and ``truncated`` flags, which only ``/step`` answers give. Re-verifying
-    skips them without starting their servers."""
+def input_servers(path: str | Path) -> tuple[dict[str, int], set[str]]:
+    """Rows per server (``agent_ref.name``; ``""`` for rows that name none) of a checked input file, and the
+    servers every one of whose rows is a played Gymnasium-protocol episode: rows that end with the game's
+    ``terminated`` and ``truncated`` flags, which only ``/step`` answers give (re-verifying skips them without
+    starting their servers). One pass over the file."""
+    counts: dict[str, int] = defaultdict(int)
     played: dict[str, bool] = {}
     for _, row in iter_input(path):
         name = server_of(row)
+        counts[name or ""] += 1
         if name:
             episode = isinstance(row.get("terminated"), bool) and isinstance(row.get("truncated"), bool)
             played[name] = played.get(name, True) and episode
-    return {name for name, episode in played.items() if episode}
-
-
-def count_by_server(path: str | Path) -> dict[str, int]:
-    """Rows per server (``agent_ref.name``; ``""`` for rows that name none) of a checked input file."""
-    counts: dict[str, int] = defaultdict(int)
-    for _, row in iter_input(path):
-        counts[server_of(row) or ""] += 1
-    return dict(counts)
+    return dict(counts), {name for name, episode in played.items() if episode}

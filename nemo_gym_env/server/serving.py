@@ -48,7 +48,7 @@ def _built_or_exit(server_cls: type, config: dict[str, Any], name: str) -> Any:
     ``NEMO_GYM_ENV_DEBUG=1``."""
     from pydantic import ValidationError
 
-    from nemo_gym_env.errors import NemoGymError
+    from nemo_gym_env.errors import CANNOT_START, NemoGymError
 
     try:
         return server_cls.from_config(config, name).build_app()
@@ -60,7 +60,7 @@ def _built_or_exit(server_cls: type, config: dict[str, Any], name: str) -> Any:
                                                  for e in exc.errors()[:5])
         else:
             why = " ".join(str(exc).split())
-        print(f"{name}: cannot start: {why}", file=sys.stderr, flush=True)
+        print(f"{name}{CANNOT_START}{why}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Self
+
+from nemo_gym_env.system.net import is_loopback as net_is_loopback
 
 from .cluster import descendants
 
@@ -87,17 +89,21 @@ def socket_inodes(pid: int) -> set[int]:
 
 
 def is_loopback(peer: str) -> bool:
-    """Whether ``host:port`` is on 127.0.0.0/8 or ::1 (an IPv4-mapped address counts as its IPv4 one)."""
+    """Whether ``host:port`` is on 127.0.0.0/8 or ::1 (:func:`nemo_gym_env.system.net.is_loopback`; an
+    IPv4-mapped address counts as its IPv4 one, a name other than ``localhost`` does not)."""
     host = peer.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
     try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:  # a name: where it leads is not known here
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
+        mapped = ipaddress.ip_address(host)
+    except ValueError:
+        mapped = None
+    if isinstance(mapped, ipaddress.IPv6Address) and mapped.ipv4_mapped is not None:
+        host = str(mapped.ipv4_mapped)
+    return net_is_loopback(host)
+
+
+def outside_loopback(peers: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The peers (``host:port`` -> who) that are not on loopback."""
+    return {peer: owners for peer, owners in peers.items() if not is_loopback(peer)}
 
 
 def process_tree(roots: Iterable[int]) -> set[int]:
@@ -155,7 +161,7 @@ class PeerWatch:
         self.samples += 1
 
     def outside_loopback(self) -> dict[str, set[str]]:
-        return {peer: owners for peer, owners in self.peers.items() if not is_loopback(peer)}
+        return outside_loopback(self.peers)
 
 
 def _name(pid: int) -> str:

@@ -17,7 +17,7 @@ from nemo_gym_env.rollouts.output import is_failure
 
 from ..conftest import example_rows
 from .players import TokenPolicyFactory
-from .sockets import PeerWatch, connected, is_loopback, process_tree
+from .sockets import PeerWatch, connected, outside_loopback, process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -40,4 +40,4 @@ def test_a_collection_across_both_nodes_talks_only_to_loopback(ray_cluster) -> N
     assert watch.outside_loopback() == {}, watch.outside_loopback()
     logged = connected(Path(ray_cluster.temp_dir) / "connect")
     assert any(peer.startswith("127.0.0.") for peer in logged), logged  # the record holds the run's own connections
-    assert {peer: who for peer, who in logged.items() if not is_loopback(peer)} == {}
+    assert outside_loopback(logged) == {}

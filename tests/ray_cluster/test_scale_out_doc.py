@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from .cluster import REPO, descendants
-from .sockets import PeerWatch, connect_log_env, connected, is_loopback, process_tree
+from .sockets import PeerWatch, connect_log_env, connected, outside_loopback, process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,12 @@ def _machine(root: Path, name: str) -> dict[str, str]:
             "RAY_TEST_TMP": str(root), "RAY_USAGE_STATS_ENABLED": "0"}
 
 
+def _smoke_tasks() -> int:
+    """The tasks of the server smoke_test.py plays (each played twice)."""
+    return sum(1 for line in (REPO / "servers/example_single_tool_call/data/example.jsonl").read_text().splitlines()
+               if line.strip())
+
+
 def _bash(script: str, env: dict[str, str], cwd: Path, timeout_s: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
@@ -128,9 +134,7 @@ def test_the_cluster_section_works_as_written_auth_included() -> None:
         (root / "smoke_test.py").write_text(_as_here(blocks["smoke_test.py"], port))
         ran = _bash(_as_here(blocks["script"], port, token), script, root, timeout_s=600)
         assert ran.returncode == 0, ran.stderr[-3000:]
-        tasks = sum(1 for line in (REPO / "servers/example_single_tool_call/data/example.jsonl").read_text()
-                    .splitlines() if line.strip())
-        assert f"{2 * tasks} rollouts, mean reward 1.00" in ran.stdout, ran.stdout + ran.stderr[-2000:]
+        assert f"{2 * _smoke_tasks()} rollouts, mean reward 1.00" in ran.stdout, ran.stdout + ran.stderr[-2000:]
 
         # What the page says of a missing token: ray status and connect() say so at once.
         address = f"127.0.0.2:{port}"
@@ -191,12 +195,9 @@ def test_the_one_machine_steps_keep_to_loopback_and_to_themselves() -> None:
     blocks = _blocks()
     root = Path(tempfile.mkdtemp(prefix="ngone", dir="/tmp"))
     port = str(_free_port())
-    home = root / "home"
-    home.mkdir()
     (root / "smoke_test.py").write_text(blocks["smoke_test.py"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONPATH"))}
-    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               NEMO_GYM_ENV_CACHE=str(root / "cache"), **connect_log_env(root / "connect"))
+    env = {**_machine(root, "home"), "NEMO_GYM_ENV_CACHE": str(root / "cache"), **connect_log_env(root / "connect")}
+    home = Path(env["HOME"])
     # The doc's blocks as written, in one shell; the test adds only the lines that print what it checks.
     script = "\n".join([blocks["one-start"].replace("6379", port), 'echo "folder=$RAY_ONE"',
                         blocks["one-script"].replace("6379", port),
@@ -208,14 +209,12 @@ def test_the_one_machine_steps_keep_to_loopback_and_to_themselves() -> None:
             out, err = shell.communicate(timeout=600)
         assert shell.returncode == 0, out[-2000:] + err[-3000:]
         said = dict(line.split("=", 1) for line in out.splitlines() if re.match(r"^(folder|stopping|stopped)=", line))
-        tasks = sum(1 for line in (REPO / "servers/example_single_tool_call/data/example.jsonl").read_text()
-                    .splitlines() if line.strip())
-        assert f"{2 * tasks} rollouts, mean reward 1.00" in out, out + err[-2000:]
+        assert f"{2 * _smoke_tasks()} rollouts, mean reward 1.00" in out, out + err[-2000:]
         assert watch.outside_loopback() == {}
         assert watch.samples >= 10 and any(peer.startswith("127.0.0.2:") for peer in watch.peers), sorted(watch.peers)
         logged = connected(root / "connect")
         assert any(peer.startswith("127.0.0.") for peer in logged), logged
-        assert {peer: who for peer, who in logged.items() if not is_loopback(peer)} == {}
+        assert outside_loopback(logged) == {}
         assert not (home / ".ray").exists()  # the token stayed in the cluster's folder
         assert float(said["stopped"]) - float(said["stopping"]) < 20  # not the 30 s drain of a group SIGTERM
         folder = said["folder"]
