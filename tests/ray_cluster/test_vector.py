@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from nemo_gym_env.envs.vector import NemoGymVectorEnv
 from nemo_gym_env.errors import ActionError
 from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.ray_cluster import RayLauncher, RayVectorEnv
+from nemo_gym_env.ray_cluster.capacity import free_per_node
 
 from ..conftest import example_rows, scripted
 
@@ -149,12 +151,25 @@ def test_a_bad_action_anywhere_plays_nothing(server_url: str) -> None:
             env.close()
 
 
+def _room_on_every_node(cpus: float, timeout_s: float = 30.0) -> None:
+    """Wait until each alive node shows ``cpus`` free: the workers of the test before are killed
+    asynchronously, and until their CPUs are given back, placement sees a node as full."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = {node: float(res.get("CPU", 0.0)) for node, res in free_per_node().items()}
+        if len(free) >= 2 and all(value >= cpus for value in free.values()):
+            return
+        assert time.monotonic() < deadline, f"free CPUs per node stayed {free}"
+        time.sleep(0.2)
+
+
 def test_workers_start_their_own_servers_on_both_nodes(ray_cluster) -> None:
+    _room_on_every_node(1.0)
     envs = RayVectorEnv(f"NemoGym/{SERVER}-v0", num_envs=4, num_workers=2, num_cpus_per_worker=1.0,
                         call_timeout_s=120)
     try:
         places = envs.workers()
-        assert len({p["node_id"] for p in places}) == 2, places  # one CPU per node: one worker each
+        assert len({p["node_id"] for p in places}) == 2, places  # room for one on each node: one worker each
         assert [p["sub_envs"] for p in places] == [(0, 2), (2, 4)]
         obs, infos = envs.reset(seed=0, options={"task_indices": [0, 1, 2, 3]})
         assert infos["task_index"].tolist() == [0, 1, 2, 3] and "error" not in infos
