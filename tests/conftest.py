@@ -196,6 +196,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` when it would split the groups: pytest-xdist tags each test's node id
+    with its group through the ``_nodeid`` attribute, which pytest 9.2 no longer has; untagged, every
+    worker would start its own copy of a shared stack (a Ray cluster, NeMo Gym, a GRPO run)."""
+    import _pytest.nodes
+
+    if config.getoption("dist", "no") == "loadgroup" and not hasattr(_pytest.nodes.Node, "_nodeid"):
+        raise pytest.UsageError(
+            f"--dist loadgroup cannot group tests under pytest {pytest.__version__}: "
+            "install the versions the 'test' extra names (pip install -e '.[test]')")
+
+
 _FIGURES: list[dict[str, Any]] = []
 
 
