@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--turn-timeout", type=float, metavar="S",
                      help="the deadline of one model turn, retries and their waits included (default: "
                           f"{ENDPOINT_DEFAULTS['turn_timeout']:g} s for openai, none for local and scripted)")
+    run.add_argument("--first-reply-timeout", type=float, default=300.0, metavar="S",
+                     help="openai: before the first rollout, how long to wait for the endpoint's first reply (a "
+                          "server may load its model at its first request); the turn limits apply after it "
+                          "(default 300 s; 0: no wait)")
     run.add_argument("--episode-reward", choices=("verify", "sum"), default="verify",
                      help="a row's reward: the /verify reward (default), or sum: plus the tools' step rewards")
     run.add_argument("--resume", action="store_true", help="continue the output file: skip rollouts already in it")

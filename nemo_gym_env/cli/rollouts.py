@@ -31,6 +31,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         concurrency=args.concurrency, max_steps=args.max_steps,
         max_episode_tokens=args.max_episode_tokens, timeout=args.timeout,
         attempt_timeout=args.attempt_timeout, turn_timeout=args.turn_timeout, resume=args.resume, allow_changes=args.allow_changes,
+        first_reply_timeout=args.first_reply_timeout,
         episode_reward=args.episode_reward,
     )
 

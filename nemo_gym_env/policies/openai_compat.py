@@ -51,6 +51,7 @@ import asyncio
 import logging
 import os
 import re
+import time
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -472,6 +473,41 @@ class OpenAIPolicy(Policy):
                 raise self._final_error(reply, problem, attempt, refused, waiting=delay)
             await asyncio.sleep(delay)
             attempt += 1
+
+    async def first_reply(self, timeout_s: float) -> tuple[str, float]:
+        """Send one one-token request and wait up to ``timeout_s`` for any answer.
+
+        A server that loads its model at its first request (``transformers serve``, a server still
+        warming up) is cold, not hung: its first answer may take minutes, and the per-turn limits
+        (:data:`ENDPOINT_DEFAULTS`) would fail every rollout meanwhile.
+
+        Returns:
+            What came and after how many seconds: ``"answered"`` (any HTTP status), ``"silent"``
+            (connected, no answer within ``timeout_s``), ``"refused"`` (nothing listening) or
+            ``"failed"`` (a cut connection or a malformed reply). Only ``"silent"`` takes long; the
+            rollouts report the other failures as they always do.
+        """
+        if self.api == "chat":
+            path, body = "/chat/completions", {"model": self.model, "max_tokens": 1,
+                                                "messages": [{"role": "user", "content": "Hi"}]}
+        else:  # 16: the smallest max_output_tokens the Responses API takes
+            path, body = "/responses", {"model": self.model, "max_output_tokens": 16,
+                                        "input": [{"role": "user", "content": "Hi"}]}
+        started = time.monotonic()
+        try:
+            reply = await self._http().request("POST", path, _dumps({**body, **self.extra_body}),
+                                               headers=self._request_headers(), timeout_s=timeout_s)
+        except TimeoutError:
+            outcome = "silent"
+        except ConnectFailed:
+            outcome = "refused"
+        except TransportError:
+            outcome = "failed"
+        else:
+            self._answered = True
+            outcome = "answered"
+            log.debug("%s: first reply HTTP %d", self._where(), reply.status_code)
+        return outcome, time.monotonic() - started
 
     # ---- errors and checks -------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         sampling = settings.sampling
 
         async def jobs() -> Iterator[RolloutJob]:
+            await _first_reply(plan, say)
             order = await _longest_first(todo, clients)
 
             def each() -> Iterator[RolloutJob]:
@@ -131,6 +132,27 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         if launcher is not None:
             launcher.close()
     return stopped
+
+
+async def _first_reply(plan: RolloutPlan, say: Callable[[str], None], quiet_s: float = 2.0) -> None:
+    """Before the first rollout, wait up to ``first_reply_timeout`` for each endpoint's first answer (a
+    server may load its model at its first request); the per-turn limits apply from then on. The wait
+    is said on the progress line once it passes ``quiet_s``. Policies with no endpoint: nothing."""
+    timeout_s = plan.settings.first_reply_timeout
+    endpoints = {id(p): p for p in plan.policies.values() if hasattr(p, "first_reply")}
+    if not timeout_s or not endpoints:
+        return
+    for policy in endpoints.values():
+        probe = asyncio.ensure_future(policy.first_reply(timeout_s))
+        done, _ = await asyncio.wait({probe}, timeout=quiet_s)
+        if not done:
+            say(f"waiting for the endpoint's first reply ({policy.name}; up to {timeout_s:g} s, "
+                "--first-reply-timeout: a server may load its model at its first request) ...")
+        outcome, took = await probe
+        if outcome == "answered":
+            say(f"{policy.name} answered its first request in {took:.1f} s")
+        elif outcome == "silent":
+            say(f"no first reply from {policy.name} in {timeout_s:g} s; the rollouts go on under the per-turn limits")
 
 
 async def _longest_first(todo: dict[str, list[tuple[Task, list[int]]]],

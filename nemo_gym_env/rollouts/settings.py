@@ -103,6 +103,10 @@ class RolloutSettings:
     turn_timeout: float | None = None
     """The deadline of one model turn, seconds: every attempt, retry and wait included (None: the
     policy kind's default: :data:`ENDPOINT_DEFAULTS` for openai, none for local and scripted)."""
+    first_reply_timeout: float = 300.0
+    """openai: how long the run waits, before its first rollout, for the endpoint's first answer to a
+    one-token request (a server that loads its model at its first request is cold, not hung); the
+    per-turn limits apply from then on. 0: no such wait."""
     episode_reward: str = "verify"
     """A row's ``reward``: the ``/verify`` reward, or ``sum``: plus the step rewards the tools gave."""
     resume: bool = False
@@ -121,6 +125,8 @@ class RolloutSettings:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"{_flag(name)} must be > 0, got {value}")
+        if not 0 <= self.first_reply_timeout < float("inf"):  # also NaN
+            raise UsageError(f"{_flag('first_reply_timeout')} must be >= 0 (0: no wait), got {self.first_reply_timeout}")
         if self.server_url and self.head_url:
             raise UsageError("give --head-url or --server-url, not both")
         for name in ("server_url", "head_url", "base_url"):

@@ -9,6 +9,7 @@ inherited listening socket, and watches a pipe whose EOF means the launcher is g
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,26 +43,79 @@ DEBUG_ENV = "NEMO_GYM_ENV_DEBUG"
 """Set (``nemo-gym-env --debug`` sets it for the servers it starts): a server that fails to start prints the traceback."""
 
 
-def _built_or_exit(server_cls: type, config: dict[str, Any], name: str) -> Any:
-    """The server's app; a failure the package names (a bad config, an MCP server that does not start, a module
-    that does not import) is one line, ``NAME: cannot start: ...``, and exit code 1: the traceback only with
-    ``NEMO_GYM_ENV_DEBUG=1``."""
+def _one_line(name: str, exc: BaseException) -> str:
+    """``NAME: cannot start: CAUSE`` on one line (what :class:`~nemo_gym_env.errors.ServerCrashed` reads)."""
     from pydantic import ValidationError
 
-    from nemo_gym_env.errors import CANNOT_START, NemoGymError
+    from nemo_gym_env.errors import CANNOT_START
+
+    if isinstance(exc, ValidationError):
+        why = "invalid config: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                                             for e in exc.errors()[:5])
+    else:
+        why = " ".join(str(exc).split())
+    return f"{name}{CANNOT_START}{why}"
+
+
+def _built_or_exit(server_cls: type, config: dict[str, Any], name: str) -> Any:
+    """The server's app; a failure the package names (a bad config, an MCP server that does not start, a module
+    that does not import, a Ray cluster that cannot be joined) is one line, ``NAME: cannot start: ...``, and a
+    non-zero exit: the traceback only with ``NEMO_GYM_ENV_DEBUG=1``. Failures at build time exit here (1);
+    those of the app's start-up (its lifespan) are said the same way by the wrapper returned, and uvicorn
+    exits (3) after its own one line."""
+    from pydantic import ValidationError
+
+    from nemo_gym_env.errors import NemoGymError
 
     try:
-        return server_cls.from_config(config, name).build_app()
+        app = server_cls.from_config(config, name).build_app()
     except (NemoGymError, ValidationError) as exc:
         if os.environ.get(DEBUG_ENV):
             raise
-        if isinstance(exc, ValidationError):
-            why = "invalid config: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                                                 for e in exc.errors()[:5])
-        else:
-            why = " ".join(str(exc).split())
-        print(f"{name}{CANNOT_START}{why}", file=sys.stderr, flush=True)
+        print(_one_line(name, exc), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    return app if os.environ.get(DEBUG_ENV) else _StartupSaid(app, name)
+
+
+class _Said(Exception):
+    """A start-up failure already written as one line."""
+
+
+class _StartupSaid:
+    """The app, whose lifespan start-up failures the package names (:class:`NemoGymError`) are written as
+    one line instead of the traceback Starlette hands uvicorn to log. Everything else passes through."""
+
+    def __init__(self, app: Any, name: str):
+        self.app, self.name = app, name
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app_: Any) -> AsyncIterator[Any]:
+            from nemo_gym_env.errors import NemoGymError
+
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    state = await stack.enter_async_context(inner(app_))
+                except NemoGymError as exc:
+                    print(_one_line(name, exc), file=sys.stderr, flush=True)
+                    raise _Said from None
+                yield state
+
+        app.router.lifespan_context = lifespan
+
+    def __getattr__(self, attribute: str) -> Any:  # app.state, app.routes ...: the app's own
+        return getattr(self.app, attribute)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.failed" and f"{__name__}._Said" in message.get("message", ""):
+                message = {**message, "message": ""}  # said already; uvicorn adds "Application startup failed"
+            await send(message)
+
+        return await self.app(scope, receive, sending)
 
 
 def serve_server(server_cls: type) -> None:
@@ -143,7 +197,7 @@ def worker_app() -> Any:
     app = cls.from_config(info["config"], info["name"]).build_app()
     os.environ.pop(SESSION_SECRET_ENV, None)  # as in serve(): not for the worker's own subprocesses
     os.environ.pop(SERVER_ENV, None)
-    return app
+    return app if os.environ.get(DEBUG_ENV) else _StartupSaid(app, info["name"])
 
 
 def _load_server_class(path: Path, class_name: str) -> type:

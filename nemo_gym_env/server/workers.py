@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from nemo_gym_env.errors import TaskLost, TaskTimeout
+from nemo_gym_env.errors import ClusterCapacityError, ClusterConnectionError, TaskLost, TaskTimeout
 
 __all__ = [
     "ProcessPoolRunner",
@@ -233,7 +233,9 @@ class RayRunner(TaskRunner):
         """Join the cluster, reserve the tasks' CPUs and start a worker in each bundle (once).
 
         Raises:
-            RuntimeError: The cluster cannot hold the reservation within ``reserve_timeout_s``
+            ClusterConnectionError: The cluster cannot be joined (nothing at the address, a missing or
+                wrong token): the message says what to set.
+            ClusterCapacityError: The cluster cannot hold the reservation within ``reserve_timeout_s``
                 (the message says how many CPUs it has and how many are free).
         """
         async with self._lock:
@@ -241,7 +243,17 @@ class RayRunner(TaskRunner):
                 return
             ray = self._ray
             if not ray.is_initialized():
-                await asyncio.to_thread(ray.init, address=self.address, ignore_reinit_error=True, log_to_driver=False)
+                from nemo_gym_env.ray_cluster.connection import check_cluster
+
+                try:
+                    await asyncio.to_thread(check_cluster, self.address)  # a missing token, nothing there: at once
+                    await asyncio.to_thread(ray.init, address=self.address, ignore_reinit_error=True,
+                                            log_to_driver=False)
+                except ClusterConnectionError as exc:
+                    raise ClusterConnectionError(f"{self.label}: {exc}") from None
+                except ConnectionError as exc:
+                    raise ClusterConnectionError(f"{self.label}: cannot join the Ray cluster at {self.address}: "
+                                                 f"{exc}") from None
             name = f"nemo_gym_env {self.label} (pid {os.getpid()})"
             group = ray.util.placement_group([{"CPU": self.num_cpus}] * self.slots, strategy="SPREAD", name=name)
             try:
@@ -250,7 +262,7 @@ class RayRunner(TaskRunner):
                 ray.util.remove_placement_group(group)
                 total = ray.cluster_resources().get("CPU", 0.0)
                 free = ray.available_resources().get("CPU", 0.0)
-                raise RuntimeError(
+                raise ClusterCapacityError(
                     f"{self.label}: cannot reserve {self.slots * self.num_cpus:g} CPU(s) for its Ray tasks "
                     f"({self.slots} x {self.num_cpus:g}) on the cluster at {self.address} within "
                     f"{self.reserve_timeout_s:g} s ({type(exc).__name__}): the cluster has {total:g} CPU(s), "

@@ -146,7 +146,7 @@ def test_bad_endpoints_give_one_failure_row_per_rollout(openai_base_url, tmp_pat
         started = time.monotonic()
         result = run_cli("rollouts", "example_single_tool_call", "--policy", "openai", "--base-url", openai_base_url,
                          "--model", tag(knob), "--limit", "3", "--num-repeats", "2", "--turn-timeout", turn_timeout,
-                         "-o", str(out), "--no-env-yaml", timeout=180)
+                         "--first-reply-timeout", "1", "-o", str(out), "--no-env-yaml", timeout=180)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert time.monotonic() - started < 120
         failures = read_jsonl(failures_path(out))
@@ -200,22 +200,30 @@ def test_a_429_is_waited_out_by_default_and_never_reported_as_a_timeout(openai_b
 
 
 @pytest.mark.slow
-def test_a_hung_endpoint_fails_each_rollout_in_30_s_by_default(openai_base_url, tmp_path):
+def test_a_hung_endpoint_is_waited_for_once_then_fails_each_rollout_in_30_s_by_default(openai_base_url, tmp_path):
     import subprocess
 
     from tests.cli.conftest import CLI, cli_env, read_jsonl
 
     out = tmp_path / "rollouts.jsonl"
+    model = tag("hang")
     proc = subprocess.Popen([*CLI, "rollouts", "example_single_tool_call", "--policy", "openai", "--base-url",
-                             openai_base_url, "--model", tag("hang"), "--limit", "2", "-o", str(out), "--no-env-yaml"],
+                             openai_base_url, "--model", model, "--limit", "2", "--first-reply-timeout", "3",
+                             "-o", str(out), "--no-env-yaml"],
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    began = None
-    for line in proc.stderr:  # the clock starts when the rollouts do (start-up is not the endpoint's)
-        if began is None and " to run: " in line:
+    lines, asked, began = [], None, None
+    for line in proc.stderr:  # the clocks start when the rollouts do (start-up is not the endpoint's)
+        lines.append(line)
+        if asked is None and " to run: " in line:
+            asked = time.monotonic()
+        if began is None and "no first reply from" in line:
             began = time.monotonic()
     proc.wait(180)
+    assert proc.returncode == 1 and asked is not None and began is not None, "".join(lines)
+    assert 3 <= began - asked < 3 + 5  # the one generous wait, by --first-reply-timeout
+    assert any("waiting for the endpoint's first reply" in line for line in lines)  # said while it waits
+    assert f"no first reply from openai:responses:{model} in 3 s; the rollouts go on under the per-turn limits" in "".join(lines)
     elapsed = time.monotonic() - began
-    assert proc.returncode == 1 and began is not None
     failures = read_jsonl(failures_path(out))
     assert len(failures) == 2 and {f["_ng_failure_class"] for f in failures} == {"policy_timeout"}
     reason = failures[0]["failure_reason"]

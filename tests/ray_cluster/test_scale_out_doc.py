@@ -156,6 +156,14 @@ def test_the_cluster_section_works_as_written_auth_included() -> None:
             assert says in failed.stderr, failed.stderr[-2000:]
             assert "RAY_AUTH_TOKEN=<token>" in failed.stderr and "Failed to connect" not in failed.stderr
             assert time.monotonic() - started < 60  # not Ray's 20-second retry loop before a bare message
+        # A server that reserves its verifiers on the cluster (math) says it at start, in one line.
+        served = subprocess.run([sys.executable, "-m", "nemo_gym_env.cli", "serve", "math", "+head_server.port=0",
+                                 f"+ray_head_node_address={address}"], env=bare, capture_output=True, text=True,
+                                timeout=240, check=False)
+        assert served.returncode == 1 and "Traceback" not in served.stderr, served.stderr[-3000:]
+        said = [line for line in served.stderr.splitlines() if "did not start" in line]
+        assert len(said) == 1 and (f"did not start: math verifier: the Ray cluster at {address} requires token "
+                                   "authentication and this process has no RAY_AUTH_MODE set") in said[0], served.stderr
         nobody = subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{_free_port()}"], env=bare,
                                 capture_output=True, text=True, timeout=120, check=False)
         assert "ClusterConnectionError: nothing answers at the Ray cluster address" in nobody.stderr, nobody.stderr
