@@ -53,8 +53,8 @@ def test_a_cold_start_longer_than_the_turn_limit_is_waited_out_once(openai_base_
 def test_a_first_reply_timeout_that_cannot_work_is_refused(value, tmp_path):
     result = run_cli("rollouts", "example_single_tool_call", "--policy", "scripted", "--first-reply-timeout", value,
                      "-o", str(tmp_path / "out.jsonl"))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"--first-reply-timeout must be >= 0 (0: no wait), got {float(value)}" in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"nemo-gym-env: error: --first-reply-timeout must be >= 0 (0: no wait), got {float(value)}" in result.stderr
 
 
 def _free_port() -> int:
@@ -93,11 +93,13 @@ def test_transformers_serve_started_cold_on_a_busy_machine(tmp_path):
         _listening(port, server, 120)  # listening, no model loaded yet: cold
         burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
         out = tmp_path / "rollouts.jsonl"
-        result = _rollouts(f"http://127.0.0.1:{port}/v1", model, out, "--api", "chat", "--limit", "6",
-                           "--concurrency", "6", "--max-output-tokens", "16")
+        result = _rollouts(f"http://127.0.0.1:{port}/v1", model, out, "--api", "chat", "--limit", "3",
+                           "--num-repeats", "2", "--concurrency", "6", "--max-output-tokens", "16")
         assert result.returncode == 0, result.stderr[-3000:]
         assert "answered its first request in" in result.stderr, result.stderr[-2000:]
-        assert sorted(r["_ng_task_index"] for r in read_jsonl(out)) == list(range(6))
+        print(next(line for line in result.stderr.splitlines() if "answered its first request" in line))
+        rows = read_jsonl(out)
+        assert sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows) == [(t, k) for t in range(3) for k in range(2)]
         assert not failures_path(out).exists() or not read_jsonl(failures_path(out))
     finally:
         for process in [*burners, server]:
