@@ -13,7 +13,8 @@ over the level's wall time, prefill included; rollouts/s, finished rollouts over
 Usage::
 
     python benchmarks/local_policy.py                 # 2 rounds of 1, 8, 16 (about 10 minutes on 2 cores)
-    python benchmarks/local_policy.py --quick         # 1 round, 1 task per server, 16 tokens (CI smoke)
+    python benchmarks/local_policy.py --quick         # 1 round, 1 task per server, 16 tokens
+    python benchmarks/local_policy.py --quick --servers badge_lookup example_multi_step   # a few servers (the CI smoke)
 
 Writes ``benchmarks/results/local_policy.json``.
 """
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--threads", type=int, help="torch threads of the policy (default: every available CPU)")
     parser.add_argument("--quick", action="store_true", help="1 round, 1 task per server, 16 tokens a turn")
+    parser.add_argument("--servers", nargs="+", metavar="NAME",
+                        help="only these bundled servers (default: every one; the CI smoke names three)")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--name", default="local_policy")
     args = parser.parse_args(argv)
@@ -51,11 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _tasks(per_server: int) -> list[tuple[str, int, dict[str, Any]]]:
+def _tasks(per_server: int, only: list[str] | None = None) -> list[tuple[str, int, dict[str, Any]]]:
     from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
     from nemo_gym_env.protocol.dataset import load_rows
 
-    return [(server, index, row) for server in sorted(bundled_servers())
+    names = sorted(bundled_servers())
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise SystemExit(f"--servers: no bundled server named {', '.join(unknown)} (there are: {', '.join(names)})")
+    return [(server, index, row) for server in sorted(only or names)
             for index, row in enumerate(load_rows(bundled_dataset(server))[:per_server])]
 
 
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_gym_env.launch.catalog import bundled_spec
     from nemo_gym_env.launch.launcher import Launcher
 
-    tasks = _tasks(args.tasks_per_server)
+    tasks = _tasks(args.tasks_per_server, args.servers)
     servers = sorted({server for server, _, _ in tasks})
     runs: list[dict[str, Any]] = []
     with Launcher() as launcher:

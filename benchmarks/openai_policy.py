@@ -40,7 +40,8 @@ def _rollouts(args: list[str], out: Path) -> tuple[float, list[dict]]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "nemo_gym_env.cli", "rollouts", SERVER, *args, "-o", str(out),
-                           "--no-env-yaml"], env=env, capture_output=True, text=True, timeout=3600, check=False)
+                           "--no-env-yaml", "--first-reply-timeout", "0"],  # a warm server: no probe request
+                          env=env, capture_output=True, text=True, timeout=3600, check=False)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"rollouts failed ({done.returncode}): {done.stderr[-3000:]}")

@@ -130,7 +130,8 @@ def run_ours(server: str, rows_path: Path, repeats: int, concurrency: int, folde
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "nemo_gym_env.cli", "rollouts", server, "--input", str(rows_path), "--num-repeats",
-         str(repeats), "--concurrency", str(concurrency), *policy, "-o", str(out), "--no-env-yaml"],
+         str(repeats), "--concurrency", str(concurrency), *policy, "-o", str(out), "--no-env-yaml",
+         "--first-reply-timeout", "0"],  # the model server is warm: no probe request in the measured span
         env=env, capture_output=True, text=True, timeout=3600, check=False,
     )
     wall = time.monotonic() - started

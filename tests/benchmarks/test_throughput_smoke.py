@@ -32,11 +32,15 @@ def test_throughput_benchmark_quick_with_64_envs(tmp_path):
     assert run["episodes_per_s"] > 0 and run["saturation_episodes_per_s"] > 0 and run["ratio"] > 0
 
 
+SMOKE_SERVERS = ["badge_lookup", "example_multi_step", "example_single_tool_call"]  # tool calls, several steps
+
+
 def test_local_policy_benchmark_quick(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "local_policy.py"), "--quick", "--concurrency", "1", "4", "--out", str(tmp_path)],
+        [sys.executable, str(BENCHMARKS / "local_policy.py"), "--quick", "--concurrency", "1", "4", "--servers",
+         *SMOKE_SERVERS, "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -44,6 +48,7 @@ def test_local_policy_benchmark_quick(tmp_path):
     results = json.loads((tmp_path / "local_policy.json").read_text())
     assert results["benchmark"] == "local_policy" and results["machine"]["cpus"] >= 1
     assert [s["concurrency"] for s in results["summary"]] == [1, 4]
+    assert sorted({server for server, _ in results["tasks"]}) == sorted(SMOKE_SERVERS)
     for run in results["runs"]:
         assert run["failed"] == 0 and run["rollouts"] == len(results["tasks"]) and run["output_tokens"] > 0
         assert run["tokens_per_s"] > 0 and run["rollouts_per_s"] > 0
