@@ -67,6 +67,7 @@ from nemo_gym_env.policies.chat import (
     responses_to_chat_messages,
     tools_to_chat,
 )
+from nemo_gym_env.policies.replies import chat_token_data, float_list, int_list, reply_usage
 from nemo_gym_env.policies.retries import Deadline, retry_delay, should_retry
 from nemo_gym_env.protocol.items import plain, without_token_fields
 from nemo_gym_env.system.redaction import REDACTED, redact_text
@@ -86,7 +87,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
     _loads = json.loads
 
-__all__ = ["OpenAIPolicy", "PolicyError", "PolicyTimeout", "chat_token_data"]
+__all__ = ["OpenAIPolicy", "PolicyError", "PolicyTimeout", "chat_token_data", "reply_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -127,64 +128,6 @@ def _safe_url(url: str | None) -> str | None:
         netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
     return url
-
-
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
-    return None
-
-
-def _float_list(value: Any) -> list[float] | None:
-    if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return [float(v) for v in value]
-    return None
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def reply_usage(reply: Mapping[str, Any]) -> dict[str, int] | None:
-    """``{"input_tokens", "output_tokens"}`` of a Responses or Chat Completions reply, or None.
-
-    Example:
-        >>> reply_usage({"usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
-        {'input_tokens': 12, 'output_tokens': 3}
-        >>> reply_usage({"usage": None}) is None
-        True
-    """
-    usage = reply.get("usage")
-    if not isinstance(usage, Mapping):
-        return None
-    tokens_in = _count(usage.get("input_tokens", usage.get("prompt_tokens")))
-    tokens_out = _count(usage.get("output_tokens", usage.get("completion_tokens")))
-    if tokens_in is None and tokens_out is None:
-        return None
-    return {"input_tokens": tokens_in or 0, "output_tokens": tokens_out or 0}
-
-
-def chat_token_data(reply: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
-    """``(prompt_token_ids, generation_token_ids, generation_log_probs)`` of a chat reply, each None if absent.
-
-    Example:
-        >>> chat_token_data({"prompt_token_ids": [1, 2], "choices": [{"token_ids": [3],
-        ...     "logprobs": {"content": [{"token": "token_id:3", "logprob": -0.5}]}, "message": {}}]})
-        ([1, 2], [3], [-0.5])
-    """
-    choice = (reply.get("choices") or [{}])[0] or {}
-    message = choice.get("message") or {}
-    prompt = _int_list(reply.get("prompt_token_ids")) or _int_list(message.get("prompt_token_ids"))
-    generation = _int_list(choice.get("token_ids")) or _int_list(message.get("generation_token_ids"))
-    content = ((choice.get("logprobs") or {}).get("content")) or []
-    log_probs = _float_list([entry.get("logprob") for entry in content if isinstance(entry, dict)]) if content else None
-    if generation is None and content:
-        tokens = [str(entry.get("token", "")) for entry in content if isinstance(entry, dict)]
-        if tokens and all(t.startswith("token_id:") and t[9:].lstrip("-").isdigit() for t in tokens):
-            generation = [int(t[9:]) for t in tokens]
-    if log_probs is None:
-        log_probs = _float_list(message.get("generation_log_probs"))
-    return prompt, generation, log_probs
 
 
 class OpenAIPolicy(Policy):
@@ -372,10 +315,10 @@ class OpenAIPolicy(Policy):
                 log.warning("%s: dropping output item of type %r (not an env action)", self._where(),
                             item.get("type") if isinstance(item, dict) else type(item).__name__)
                 continue
-            if _int_list(item.get("generation_token_ids")) is not None:
-                prompt = _int_list(item.get("prompt_token_ids"))
-                generation = _int_list(item["generation_token_ids"])
-                log_probs = _float_list(item.get("generation_log_probs"))
+            if int_list(item.get("generation_token_ids")) is not None:
+                prompt = int_list(item.get("prompt_token_ids"))
+                generation = int_list(item["generation_token_ids"])
+                log_probs = float_list(item.get("generation_log_probs"))
             items_out.append(without_token_fields(item))
         return _turn(items_out, prompt, generation, log_probs, reply_usage(reply), self._where())
 

@@ -14,7 +14,7 @@ MCP calls with that header then act in the very session the cookie names.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nemo_gym_env.server.mcp_episodes import (
     INNER_HEADER,
@@ -25,13 +25,19 @@ from nemo_gym_env.server.mcp_episodes import (
 )
 from nemo_gym_env.server.middleware import read_body, replay_body, typed_seed
 
-if TYPE_CHECKING:
-    from nemo_gym_env.server.mcp_expose import McpExposure
-
 __all__ = ["MCP_METADATA_KEY", "McpSeedMiddleware"]
 
 MCP_METADATA_KEY = "mcp"
 """Key of the MCP access in a row-body seed reply (NeMo Gym 0.7's name)."""
+
+
+class Exposure(Protocol):
+    """What the middleware needs of the exposure it serves (``mcp_expose.McpExposure``, which imports this module)."""
+
+    server: Any
+    runner: Any
+
+    def add_episode(self, episode: McpEpisode) -> None: ...
 
 
 def _cookies(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -47,7 +53,7 @@ def _cookies(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 class McpSeedMiddleware:
     """Pure ASGI, on ``POST /seed_session`` only; see the module docstring."""
 
-    def __init__(self, app: Any, exposure: McpExposure):
+    def __init__(self, app: Any, exposure: Exposure):
         self.app = app
         self.exposure = exposure
 

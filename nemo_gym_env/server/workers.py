@@ -31,6 +31,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from nemo_gym_env.errors import ClusterCapacityError, ClusterConnectionError, TaskLost, TaskTimeout
+from nemo_gym_env.system.ray_join import check_cluster, lost_worker_errors
 
 __all__ = [
     "ProcessPoolRunner",
@@ -243,8 +244,6 @@ class RayRunner(TaskRunner):
                 return
             ray = self._ray
             if not ray.is_initialized():
-                from nemo_gym_env.ray_cluster.connection import check_cluster
-
                 try:
                     await asyncio.to_thread(check_cluster, self.address)  # a missing token, nothing there: at once
                     await asyncio.to_thread(ray.init, address=self.address, ignore_reinit_error=True,
@@ -300,7 +299,7 @@ class RayRunner(TaskRunner):
                 raise TaskTimeout(f"Ray task did not finish within {timeout_s:g} s; its worker was killed")
             try:
                 return future.result()
-            except _lost_errors(self._ray) as exc:
+            except lost_worker_errors(self._ray) as exc:
                 self._retire(slot)
                 raise TaskLost(f"the Ray worker running the task was lost ({type(exc).__name__}: "
                                f"{_first_line(exc)})") from None
@@ -375,12 +374,6 @@ class _RayWorker:
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
-
-
-def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
-    """What a call on a dead actor raises (its process killed, its node gone)."""
-    errors = ray.exceptions
-    return (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError, errors.NodeDiedError)
 
 
 def _quiet(future: asyncio.Future) -> asyncio.Future:
