@@ -57,12 +57,6 @@ def test_a_first_reply_timeout_that_cannot_work_is_refused(value, tmp_path):
     assert f"nemo-gym-env: error: --first-reply-timeout must be >= 0 (0: no wait), got {float(value)}" in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _listening(port: int, process: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -75,7 +69,7 @@ def _listening(port: int, process: subprocess.Popen, timeout_s: float) -> None:
     raise TimeoutError(f"transformers serve did not listen on {port} within {timeout_s:g} s")
 
 
-def test_transformers_serve_started_cold_on_a_busy_machine(tmp_path):
+def test_transformers_serve_started_cold_on_a_busy_machine(tmp_path, unused_port):
     """`transformers serve` loads the model at its first request; two busy loops hold both cores for the
     first 30 s, its cold start. Every rollout then runs under the default per-turn limits: two at a time,
     as `transformers serve` (no continuous batching) answers one request after another."""
@@ -83,7 +77,7 @@ def test_transformers_serve_started_cold_on_a_busy_machine(tmp_path):
     from nemo_gym_env.policies.models import default_model_dir
 
     model = str(default_model_dir())
-    port = _free_port()
+    port = unused_port
     serve = Path(sys.executable).with_name("transformers")
     server = subprocess.Popen([str(serve), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
                               env=cli_env(HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
