@@ -75,8 +75,9 @@ class Served:
     def head(self) -> str:
         return self.urls["head_server"]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, str, str]:
-        """Send ``sig``; return (exit code, all stdout, all stderr)."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> tuple[int, str, str]:
+        """Send ``sig``; return (exit code, all stdout, all stderr). Its stopping is bounded (5 s for the head
+        server, 5 s per server before SIGKILL); ``timeout`` leaves room for a machine busy with training."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
