@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve each resources server's tools over MCP at <url>/mcp (needs the mcp extra; "
                         "a bundled server's example tasks are the task list MCP clients name by index)")
     add_env_yaml(p)
+    p.add_argument("--http", choices=("auto", "httptools", "h11"),
+                   help="every server's HTTP parser (default: each server's `http`, auto: httptools where it imports)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop", "auto"),
+                   help="every server's event loop (default: each server's `loop`, asyncio unless it says)")
     p.set_defaults(run="nemo_gym_env.cli.serve:cmd_serve")
 
     p = sub.add_parser(

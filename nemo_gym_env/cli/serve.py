@@ -32,6 +32,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     if getattr(args, "mcp", False):
         specs = [with_mcp(spec) for spec in specs]
+    chosen = {key: value for key in ("http", "loop") if (value := getattr(args, key, None))}
+    if chosen:
+        specs = [dataclasses.replace(spec, config={**spec.config, **chosen}) for spec in specs]
     for name, stype in other_instances(cfg):
         say(f"not starting {name!r} ({stype}): nemo-gym-env plays the agent and the model itself (`rollouts`)")
     host, port = head_address(cfg)

@@ -36,7 +36,7 @@ import os
 import secrets
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -130,6 +130,12 @@ class BaseResourcesServerConfig(BaseModel):
     domain: str | None = None
     description: str | None = None
     num_workers: int | None = None
+    http: Literal["auto", "httptools", "h11"] = "auto"
+    """uvicorn's HTTP/1.1 parser: ``auto`` is httptools (a dependency of the package, about a fifth less server
+    CPU a request than h11; ``benchmarks/README.md``) where it imports, else h11."""
+    loop: Literal["asyncio", "uvloop", "auto"] = "asyncio"
+    """The event loop. asyncio's own by default: uvloop served fewer episodes a second on this request path
+    (``benchmarks/README.md``); ``uvloop`` (``pip install uvloop``) or ``auto`` (uvloop where installed) to choose it."""
     session_ttl_s: float = 3600.0
     max_sessions: int = 100_000
     max_body_bytes: int = 32 * 1024 * 1024

@@ -31,7 +31,7 @@ from nemo_gym_env.system.child_env import SERVER_ENV, SESSION_SECRET_ENV
 from nemo_gym_env.system.net import DEFAULT_HOST, DEFAULT_PORT, http_url, is_loopback, listen_socket
 from nemo_gym_env.system.processes import killpg
 
-__all__ = ["PARENT_GONE_GRACE_S", "serve_server", "worker_app"]
+__all__ = ["PARENT_GONE_GRACE_S", "http_and_loop", "serve_server", "worker_app"]
 
 PARENT_GONE_GRACE_S = 5.0
 """How long a server whose launcher is gone has to stop (SIGTERM) before it is killed."""
@@ -118,6 +118,19 @@ class _StartupSaid:
         return await self.app(scope, receive, sending)
 
 
+def http_and_loop(config: Mapping[str, Any]) -> tuple[str, str]:
+    """The HTTP parser and event loop a server runs, from its (validated) config's ``http`` and ``loop``:
+    ``auto`` resolved to what imports here (httptools, else h11; uvloop, else asyncio), so the log says
+    which one serves. Defaults: ``http: auto``, ``loop: asyncio``."""
+    http = str(config.get("http") or "auto")
+    loop = str(config.get("loop") or "asyncio")
+    if http == "auto":
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if loop == "auto":
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return http, loop
+
+
 def serve_server(server_cls: type) -> None:
     """Serve ``server_cls`` in this process (called by ``SimpleResourcesServer.run_webserver()``).
 
@@ -151,10 +164,14 @@ def serve_server(server_cls: type) -> None:
         )
     app = _built_or_exit(server_cls, config, name)  # fail here, before serving, on a bad config
     workers = int(config.get("num_workers") or 1)
+    http, loop = http_and_loop(config)
     logger.info(
-        "serving %s (%s) at %s with %d worker(s)", name, server_cls.__name__, http_url(host, port), workers
-    )
+        "serving %s (%s) at %s with %d worker(s), http %s, loop %s",
+        name, server_cls.__name__, http_url(host, port), workers, http, loop,
+    )  # fmt: skip
     options: dict[str, Any] = {
+        "http": http,
+        "loop": loop,
         "log_level": str(config.get("log_level") or "info").lower(),
         "access_log": bool(config.get("access_log", False)),
         "timeout_graceful_shutdown": 1,

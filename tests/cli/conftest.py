@@ -75,11 +75,20 @@ class Served:
     def head(self) -> str:
         return self.urls["head_server"]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, str, str]:
-        """Send ``sig``; return (exit code, all stdout, all stderr)."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> tuple[int, str, str]:
+        """Send ``sig``; return (exit code, all stdout, all stderr). Its stopping is bounded (5 s for the head
+        server, 5 s per server before SIGKILL); ``timeout`` leaves room for a machine busy with training."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints every thread on SIGABRT
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
+            for thread in self._threads:
+                thread.join(5)
+            raise AssertionError(f"serve still ran {timeout:g} s after signal {sig}; its threads and output:\n"
+                                 + "".join(self._stderr_lines)[-8000:]) from None
         for thread in self._threads:
             thread.join(5)
         while not self._stdout.empty():
@@ -100,8 +109,8 @@ def serve() -> Iterator:
 
     def start(*args: str, cwd: Path | None = None, timeout: float = 120.0) -> Served:
         proc = subprocess.Popen(
-            [*CLI, "serve", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+            [*CLI, "serve", *args], cwd=cwd, env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
         out: queue.Queue = queue.Queue()
         served = Served(proc, {}, [], out)
         threads = [

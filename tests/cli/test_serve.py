@@ -160,3 +160,12 @@ def test_standalone_launch_example_runs():
                             capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr
     assert "episode reward: 1.0" in result.stdout and "no server left running" in result.stdout
+
+
+def test_http_picks_every_servers_parser(serve, tmp_path):
+    logs = tmp_path / "logs"
+    served = serve(NAME, "+head_server.port=0", "--http", "h11", "--log-dir", str(logs))
+    assert httpx.get(served.urls[NAME] + "/", timeout=10).status_code == 200
+    code, _, stderr = served.stop(signal.SIGTERM)
+    assert code == 0, stderr
+    assert "http h11" in (logs / f"{NAME}.log").read_text()

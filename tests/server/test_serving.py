@@ -164,3 +164,31 @@ def test_the_launchers_variables_do_not_reach_the_servers_subprocesses(launcher,
     # ... and a subprocess it starts gets neither.
     assert "PATH" in reply["names"]
     assert child_env.SERVER_ENV not in reply["names"] and child_env.SESSION_SECRET_ENV not in reply["names"]
+
+
+def _loaded(pid: int, library: str) -> bool:
+    """Whether the process has ``library``'s compiled module mapped (read from /proc)."""
+    return any(f"/{library}/" in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http", [None, "httptools", "h11"])
+def test_the_http_parser_is_httptools_by_default_and_the_servers_http_key_picks_it(launcher, launch_specs, http):
+    spec = launch_specs["fixture_ok"]
+    if http is not None:
+        spec = dataclasses.replace(spec, config={**spec.config, "http": http})
+    proc = launcher.start(spec)
+    assert httpx.post(f"{proc.url}/echo", json={}, timeout=10).status_code == 200
+    runs = http or "httptools"
+    assert _loaded(proc.pid, "httptools") == (runs == "httptools")
+    launcher.stop("fixture_ok")
+    assert f"http {runs}, loop asyncio" in proc.log_path.read_text()
+
+
+@pytest.mark.slow
+def test_an_http_parser_uvicorn_lacks_is_one_line_at_start(launcher, launch_specs):
+    from nemo_gym_env.errors import LaunchError
+
+    spec = launch_specs["fixture_ok"]
+    with pytest.raises(LaunchError, match=r"did not start: invalid config: http: Input should be 'auto', 'httptools' or 'h11'"):
+        launcher.start(dataclasses.replace(spec, config={**spec.config, "http": "spdy"}))
