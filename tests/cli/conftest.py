@@ -75,9 +75,9 @@ class Served:
     def head(self) -> str:
         return self.urls["head_server"]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> tuple[int, str, str]:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, str, str]:
         """Send ``sig``; return (exit code, all stdout, all stderr). Its stopping is bounded (5 s for the head
-        server, 5 s per server before SIGKILL); ``timeout`` leaves room for a machine busy with training."""
+        server, 5 s per server before SIGKILL)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
@@ -107,10 +107,12 @@ def serve() -> Iterator:
     """``serve(*args)`` starts ``nemo-gym-env serve ARGS`` and waits for its URL lines."""
     started: list[Served] = []
 
-    def start(*args: str, cwd: Path | None = None, timeout: float = 120.0) -> Served:
+    def start(*args: str, cwd: Path | None = None, timeout: float = 120.0, sigint_ignored: bool = False) -> Served:
+        """``sigint_ignored``: started as a shell starts a background job (SIGINT ignored, inherited)."""
         proc = subprocess.Popen(
             [*CLI, "serve", *args], cwd=cwd, env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            stderr=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
         out: queue.Queue = queue.Queue()
         served = Served(proc, {}, [], out)
         threads = [

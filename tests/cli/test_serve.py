@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+from pathlib import Path
 
 import gymnasium as gym
 import httpx
@@ -80,8 +81,12 @@ def test_serve_head_server_episode_rollouts_and_sigterm(serve, tmp_path):
     assert "ready in" in stdout
 
 
-def test_ctrl_c_stops_everything(serve):
-    served = serve("example_single_tool_call", "+head_server.port=0")
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["in-a-terminal", "started-with-sigint-ignored"])
+def test_ctrl_c_stops_everything(serve, sigint_ignored):
+    served = serve("example_single_tool_call", "+head_server.port=0", sigint_ignored=sigint_ignored)
+    if sigint_ignored:
+        status = Path(f"/proc/{served.proc.pid}/status").read_text()
+        assert int(status.split("SigIgn:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)) == 0  # serve took it back
     children = descendants(served.proc.pid)
     code, _, stderr = served.stop(signal.SIGINT)
     assert code == 0, stderr
