@@ -63,7 +63,9 @@ signal.sigwait(signals)
 WATCHDOG_SCRIPT = """
 import os, select, signal, subprocess, sys
 
-child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+# ng_run as a terminal starts it: a test run started in the background has SIGINT ignored, which ng_run would inherit.
+child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 while child.poll() is None:
     ready, _, _ = select.select([sys.stdin], [], [], 0.5)
     if ready and not os.read(sys.stdin.fileno(), 1024):  # EOF: the test is done, or died
