@@ -41,9 +41,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not is_loopback(host):
         say(f"warning: the head server listens on {host}, reachable from the network (secrets stay redacted)")
     started = time.monotonic()
-    # Ctrl-C stops it even where it started with SIGINT ignored (`serve ... &` in a script, then `kill -INT`), as
-    # uvicorn and ng_run stop.
-    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     with sigterm_raises():
         launcher = head = None
         try:
@@ -72,7 +69,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 head.stop()
             if launcher is not None:
                 launcher.close()
-            signal.signal(signal.SIGINT, previous_sigint)
 
 
 def with_mcp(spec: ServerSpec) -> ServerSpec:

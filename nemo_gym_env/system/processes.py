@@ -26,13 +26,17 @@ def killpg(pid: int, sig: int) -> None:
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`~nemo_gym_env.errors.Stopped` in the main thread."""
+    """Within the block, SIGTERM raises :class:`~nemo_gym_env.errors.Stopped` in the main thread, and Ctrl-C
+    (SIGINT) raises ``KeyboardInterrupt`` also where the process started with SIGINT ignored (a background job
+    of a script): a command that says "Ctrl-C to stop" stops on it, as uvicorn does."""
 
     def handler(signum: int, frame: Any) -> None:
         raise Stopped(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_sigint)

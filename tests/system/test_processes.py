@@ -1,0 +1,39 @@
+"""``system.processes`` in real child processes: the stop signals of the CLI's long-running commands."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+CHILD = """
+import sys, time
+from nemo_gym_env.errors import Stopped
+from nemo_gym_env.system.processes import sigterm_raises
+try:
+    with sigterm_raises():
+        print("ready", flush=True)
+        time.sleep(60)
+except Stopped as exc:
+    sys.exit(f"stopped by {exc.signum}")
+except KeyboardInterrupt:
+    sys.exit("interrupted")
+"""
+
+
+@pytest.mark.parametrize("sig, says", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by 15")])
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["in-a-terminal", "started-with-sigint-ignored"])
+def test_ctrl_c_and_sigterm_stop_the_block_however_the_process_started(sig, says, sigint_ignored):
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        started = time.monotonic()
+        child.send_signal(sig)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == 1 and stderr.strip() == says and time.monotonic() - started < 30
