@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -170,6 +171,12 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval_s)
+
+
+def as_a_background_job() -> None:
+    """``preexec_fn`` that starts a child as a shell without job control starts a background job: SIGINT
+    ignored, which the child inherits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:

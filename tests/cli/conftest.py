@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import descendants, wait_gone
+from ..conftest import as_a_background_job, descendants, wait_gone
 
 __all__ = ["CANARY", "CLI", "REPO", "Served", "assert_one_line_error", "cli_env", "descendants", "mixed_rows", "mixed_run",
            "read_jsonl", "run_cli", "run_mixed", "wait_gone"]
@@ -112,7 +112,7 @@ def serve() -> Iterator:
         proc = subprocess.Popen(
             [*CLI, "serve", *args], cwd=cwd, env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
-            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
+            preexec_fn=as_a_background_job if sigint_ignored else None)
         out: queue.Queue = queue.Queue()
         served = Served(proc, {}, [], out)
         threads = [

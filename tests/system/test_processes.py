@@ -5,9 +5,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from ..conftest import as_a_background_job
 
 CHILD = """
 import sys, time
@@ -28,12 +29,11 @@ except KeyboardInterrupt:
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["in-a-terminal", "started-with-sigint-ignored"])
 def test_ctrl_c_and_sigterm_stop_the_block_however_the_process_started(sig, says, sigint_ignored):
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
+                             preexec_fn=as_a_background_job if sigint_ignored else None)
     try:
         assert child.stdout.readline() == "ready\n"
-        started = time.monotonic()
         child.send_signal(sig)
         _, stderr = child.communicate(timeout=30)
     finally:
         child.kill()
-    assert child.returncode == 1 and stderr.strip() == says and time.monotonic() - started < 30
+    assert child.returncode == 1 and stderr.strip() == says
