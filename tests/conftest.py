@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -173,10 +173,14 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
         time.sleep(interval_s)
 
 
-def as_a_background_job() -> None:
-    """``preexec_fn`` that starts a child as a shell without job control starts a background job: SIGINT
-    ignored, which the child inherits."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+_EXEC_WITH_SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                             "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def as_a_background_job(command: list[str]) -> list[str]:
+    """``command`` started as a shell without job control starts a background job: with SIGINT ignored, which
+    exec keeps (the same process id; no ``preexec_fn`` in a threaded test process)."""
+    return [sys.executable, "-c", _EXEC_WITH_SIGINT_IGNORED, *command]
 
 
 def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:

@@ -109,10 +109,10 @@ def serve() -> Iterator:
 
     def start(*args: str, cwd: Path | None = None, timeout: float = 120.0, sigint_ignored: bool = False) -> Served:
         """``sigint_ignored``: started as a shell starts a background job (SIGINT ignored, inherited)."""
-        proc = subprocess.Popen(
-            [*CLI, "serve", *args], cwd=cwd, env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-            preexec_fn=as_a_background_job if sigint_ignored else None)
+        command = [*CLI, "serve", *args]
+        proc = subprocess.Popen(as_a_background_job(command) if sigint_ignored else command, cwd=cwd,
+                                env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
         out: queue.Queue = queue.Queue()
         served = Served(proc, {}, [], out)
         threads = [

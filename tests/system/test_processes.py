@@ -28,8 +28,9 @@ except KeyboardInterrupt:
 @pytest.mark.parametrize("sig, says", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by 15")])
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["in-a-terminal", "started-with-sigint-ignored"])
 def test_ctrl_c_and_sigterm_stop_the_block_however_the_process_started(sig, says, sigint_ignored):
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=as_a_background_job if sigint_ignored else None)
+    command = [sys.executable, "-c", CHILD]
+    child = subprocess.Popen(as_a_background_job(command) if sigint_ignored else command, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"
         child.send_signal(sig)
