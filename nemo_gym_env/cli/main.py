@@ -35,7 +35,7 @@ from nemo_gym_env import __version__
 from nemo_gym_env.cli.check import add_check_parser
 from nemo_gym_env.cli.common import PROG, Parser, add_env_yaml, say
 from nemo_gym_env.errors import NemoGymError
-from nemo_gym_env.policies.factory import POLICY_KINDS
+from nemo_gym_env.policies.factory import LOCAL_DTYPES, POLICY_KINDS
 from nemo_gym_env.rollouts.settings import (
     DEFAULT_CONCURRENCY,
     ENDPOINT_DEFAULTS,
@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--api", choices=("responses", "chat"), default=_DEFAULTS["api"],
                      help="openai: the Responses API (default) or Chat Completions")
     pol.add_argument("--device", metavar="DEV", help="local: cpu (default), cuda or cuda:N")
+    pol.add_argument("--dtype", choices=LOCAL_DTYPES,
+                     help="local: the weights' dtype (default auto: bfloat16 where the CPU or GPU computes it natively, "
+                          "else float32); int8: bfloat16 with int8 weights for decoding, on the CPU")
     pol.add_argument("--seed", type=int, help="local: makes sampling reproducible")
     pol.add_argument("--temperature", type=float,
                      help=f"override responses_create_params.temperature (local: {LOCAL_DEFAULTS['temperature']:g}, greedy)")

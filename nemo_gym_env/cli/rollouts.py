@@ -26,7 +26,7 @@ def settings_of(args: argparse.Namespace) -> RolloutSettings:
         head_url=args.head_url, server_url=args.server_url, input=args.input, output=args.output,
         limit=args.limit, strict=args.strict, log_dir=args.log_dir, env_yaml=env_yaml_path(args),
         stream_logs=args.debug, policy=args.policy, model=args.model, base_url=args.base_url,
-        api_key=args.api_key, api=args.api, device=args.device, seed=args.seed, temperature=args.temperature,
+        api_key=args.api_key, api=args.api, device=args.device, dtype=args.dtype, seed=args.seed, temperature=args.temperature,
         top_p=args.top_p, max_output_tokens=args.max_output_tokens, num_repeats=args.num_repeats,
         concurrency=args.concurrency, max_steps=args.max_steps,
         max_episode_tokens=args.max_episode_tokens, timeout=args.timeout,

@@ -137,21 +137,27 @@ class RunningBatch:
         if not arrivals:
             return
         width = max(self.width, *(len(row.prompt) - 1 for row, _ in arrivals))
-        keys = [[_left_pad(layer.keys, width)] for layer in self._layers] or None
-        values = [[_left_pad(layer.values, width)] for layer in self._layers] or None
+        joining = [states or self._empty_states() for _, states in arrivals]  # a one-token prompt: nothing prefilled
+        # Layer by layer, each old layer dropped as its successor is built: the batch's states
+        # are never held twice (at 16 rows of 1,000 tokens they are hundreds of MB).
+        layers: list[Any] = list(self._layers) or [None] * len(joining[0])
+        self._layers = []  # only ``layers`` holds them now
+        for index in range(len(layers)):
+            old, layers[index] = layers[index], None
+            keys = [] if old is None else [_left_pad(old.keys, width)]
+            values = [] if old is None else [_left_pad(old.values, width)]
+            del old
+            for states in joining:
+                keys.append(_left_pad(states[index][0], width))
+                values.append(_left_pad(states[index][1], width))
+            layers[index] = GrowingLayer(torch.cat(keys), torch.cat(values))
+        self._layers = layers
         masks = [_left_pad_mask(self._mask, width)]
-        for row, states in arrivals:
-            states = states or self._empty_states()  # a one-token prompt: nothing prefilled
-            if keys is None:
-                keys, values = [[] for _ in states], [[] for _ in states]
-            for layer, (k, v) in enumerate(states):
-                keys[layer].append(_left_pad(k, width))
-                values[layer].append(_left_pad(v, width))
+        for row, _ in arrivals:
             mask = torch.zeros((1, width), dtype=torch.long, device=self._mask.device)
             mask[0, width - (len(row.prompt) - 1):] = 1
             masks.append(mask)
             self.rows.append(row)
-        self._layers = [GrowingLayer(torch.cat(k), torch.cat(v)) for k, v in zip(keys, values)]
         self._mask = torch.cat(masks)
 
     def step(self) -> None:
@@ -206,8 +212,12 @@ class RunningBatch:
         used = torch.nonzero(mask.any(dim=0))
         first = int(used[0]) if len(used) else mask.shape[1]
         self._mask = mask[:, first:]
-        self._layers = [GrowingLayer(layer.keys.index_select(0, index)[:, :, first:],
-                                     layer.values.index_select(0, index)[:, :, first:]) for layer in self._layers]
+        layers, self._layers = self._layers, []
+        for n, layer in enumerate(layers):  # each old layer dropped as its successor is built (see add)
+            layers[n] = GrowingLayer(layer.keys.index_select(0, index)[:, :, first:],
+                                     layer.values.index_select(0, index)[:, :, first:])
+            del layer
+        self._layers = layers
 
     def clear(self) -> None:
         """Drop every row."""

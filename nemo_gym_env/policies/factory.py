@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nemo_gym_env.policies.base import Policy
 
-__all__ = ["POLICY_KINDS", "make_policy"]
+__all__ = ["LOCAL_DTYPES", "POLICY_KINDS", "make_policy"]
 
 POLICY_KINDS = ("scripted", "openai", "local")
 """The ``kind`` names :func:`make_policy` knows."""
+
+LOCAL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+"""The ``dtype`` values of the local policy (:class:`~nemo_gym_env.policies.local.LocalPolicy`)."""
 
 _CLASSES = {
     "scripted": "nemo_gym_env.policies.scripted:ScriptedPolicy",

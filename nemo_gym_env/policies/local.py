@@ -65,17 +65,35 @@ from nemo_gym_env.errors import NoContinuation
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 from nemo_gym_env.policies.batching import BatchGenerator, Generation, GenerationRequest
 from nemo_gym_env.policies.chat import tools_to_chat
+from nemo_gym_env.policies.factory import LOCAL_DTYPES
+from nemo_gym_env.policies.int8 import to_int8
 from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 from nemo_gym_env.policies.render import ChatRenderer
 from nemo_gym_env.protocol.items import is_model_item
 from nemo_gym_env.protocol.parser import parse_model_text
 
-__all__ = ["LocalPolicy"]
+__all__ = ["LocalPolicy", "native_dtype"]
 
 log = logging.getLogger(__name__)
 
 _RECENT_TURNS = 4096
-_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def native_dtype(device: str) -> str:
+    """``"bfloat16"`` where ``device`` computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
+    bfloat16), else ``"float32"``: what ``dtype="auto"`` takes.
+
+    On a CPU without those instructions PyTorch emulates bfloat16 matrix products, slower than float32.
+    """
+    import torch
+
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    return "bfloat16" if native else "float32"
 
 
 class LocalPolicy(Policy):
@@ -92,7 +110,11 @@ class LocalPolicy(Policy):
         top_p: Nucleus sampling; None takes the task's, else 1.0.
         seed: Makes sampling reproducible (see the module docstring); None draws each call's seed
             from torch's global generator.
-        dtype: Weights' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        dtype: Weights' dtype (``"float32"``, ``"bfloat16"``, ``"float16"``); ``"auto"``: bfloat16 where
+            the device computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with bfloat16),
+            else float32; or ``"int8"`` (CPU only:
+            bfloat16 with int8 copies of the linear layers' weights for decoding, see
+            :mod:`~nemo_gym_env.policies.int8`; tokens differ from float32's).
         max_batch_size: Turns generated together in one ``model.generate`` call.
         batch_wait_s: A batch starts once no turn has arrived for this long and none is being
             prepared (at most a second after its first turn).
@@ -104,6 +126,7 @@ class LocalPolicy(Policy):
 
     Attributes:
         load_seconds: How long loading the tokenizer and model took (provisioning included).
+        dtype: The weights' dtype in use (``"auto"`` resolved).
 
     Example (loads the model, so not run as a doctest)::
 
@@ -133,8 +156,12 @@ class LocalPolicy(Policy):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        if dtype not in LOCAL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(LOCAL_DTYPES)}, got {dtype!r}")
+        if dtype == "auto":
+            dtype = native_dtype(device)
+        if dtype == "int8" and device != "cpu":
+            raise ValueError(f"dtype='int8' runs on the CPU only; on {device} take dtype='bfloat16'")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         started = time.perf_counter()
@@ -146,9 +173,13 @@ class LocalPolicy(Policy):
         else:
             source, kwargs, label = model_path, {}, str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+        load_dtype = "bfloat16" if dtype == "int8" else dtype
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **kwargs).to(device).eval()
+        if dtype == "int8":
+            to_int8(self.model)
         self.load_seconds = time.perf_counter() - started
         self.device = device
+        self.dtype = dtype
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
@@ -168,7 +199,7 @@ class LocalPolicy(Policy):
                                        max_batch_size=max_batch_size, wait_s=batch_wait_s,
                                        preparing=lambda: self._preparing,
                                        num_threads=num_threads, prefix_cache_mb=prefix_cache_mb, name=self.name)
-        log.info("loaded %s on %s in %.1f s", label, device, self.load_seconds)
+        log.info("loaded %s (%s) on %s in %.1f s", label, dtype, device, self.load_seconds)
 
     def _end_of_turn_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}

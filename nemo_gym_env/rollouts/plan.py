@@ -376,8 +376,9 @@ def _policies(plan: RolloutPlan, say: Say) -> dict[str, Policy]:
                                                 concurrency=settings.concurrency))
     else:
         say(f"loading the local model {settings.model or '(embedded SmolLM2-135M-Instruct)'} ...")
-        policy = make_policy("local", **_given(model_path=settings.model, device=settings.device, seed=settings.seed))
-        say(f"loaded {policy.name} in {getattr(policy, 'load_seconds', 0.0):.1f} s")
+        policy = make_policy("local", **_given(model_path=settings.model, device=settings.device, dtype=settings.dtype,
+                                                seed=settings.seed))
+        say(f"loaded {policy.name} ({getattr(policy, 'dtype', '?')}) in {getattr(policy, 'load_seconds', 0.0):.1f} s")
     return {t.name: policy for t in targets.values()}
 
 

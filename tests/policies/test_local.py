@@ -198,6 +198,6 @@ def test_make_policy_local_and_validation(greedy):
     with pytest.raises(ValueError, match="temperature"):
         LocalPolicy(temperature=-1)
     with pytest.raises(ValueError, match="dtype must be one of"):
-        LocalPolicy(dtype="int8")
+        LocalPolicy(dtype="int4")
     with pytest.raises(ValueError, match="unknown policy kind"):
         make_policy("nope")
