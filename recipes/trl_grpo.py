@@ -208,6 +208,8 @@ def heldout_eval(model_dir: str, args: Settings, step: int, work_dir: Path, base
     target = ["--server-url", base_url] if base_url else [server_name(args.env)]
     command = [sys.executable, "-m", "nemo_gym_env.cli", "rollouts", *target, "--input", str(args.eval_dataset),
                "--policy", "local", "--model", model_dir, "--temperature", "0", "--seed", str(args.seed),
+               # the trained weights as trained: bfloat16 would round away updates smaller than its precision
+               "--dtype", args.dtype,
                "--max-steps", str(args.max_turns),
                "--max-output-tokens", str(args.max_turn_tokens or args.max_completion_length),
                "-o", str(out), "--no-env-yaml",
