@@ -91,6 +91,7 @@ def _name(pid: int) -> str:
         return "server:" + match.group(1)
     if "nemo_gym_env.cli" in text or "nemo-gym-env" in text:
         return "cli"
+    text = re.sub(re.escape(tempfile.gettempdir()) + r"/\S*", "<temporary folder>", text)  # one name for alike processes
     return re.sub(r"\S*/(\.venv/bin/)", r"\1", text)[:80]  # a venv's python without the machine's path
 
 
