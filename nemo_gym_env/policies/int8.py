@@ -10,14 +10,15 @@ bfloat16); a longer one (a prompt's prefill) multiplies by the bfloat16 weight, 
 matrix multiply, not the weight's bytes, is the cost. Embeddings, norms and the key/value cache
 are bfloat16.
 
-What it changes (``benchmarks/local_policy.py --dtypes`` measures it): decoding is faster and the
-process smaller than float32; the tokens differ from float32's (as bfloat16's do), so greedy
+What it changes (``benchmarks/local_dtypes.py`` measures it): one conversation decoding alone
+is faster than in bfloat16 or float32; full batches of 16 are faster than float32 and slower
+than bfloat16; the tokens differ from float32's (as bfloat16's do), so greedy
 outputs and rewards are those of a slightly different model. Training never uses this copy: a
 trainer keeps its own weights.
 
 Dynamic int8 quantization (``torch.ao.quantization.quantize_dynamic``, which also quantizes
 activations) was measured too and is not offered: SmolLM2's activation outliers cost it about 2
-nats of log-probability per token against float32, where weight-only int8 costs 0.09.
+nats of log-probability per token against float32, where weight-only int8 costs 0.05.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch import nn
 __all__ = ["Int8Linear", "supports_int8", "to_int8"]
 
 SMALL_BATCH = 16
-"""Inputs of up to this many tokens use the int8 weights (measured in ``benchmarks/local_policy.py``)."""
+"""Inputs of up to this many tokens use the int8 weights (``benchmarks/local_dtypes.py``: at 16 tokens int8 is still
+ahead of float32, behind bfloat16)."""
 
 
 def supports_int8() -> bool:

@@ -329,7 +329,7 @@ def _rss_mib() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status") or not platform.libc_ver()[0] == "glibc",
+@pytest.mark.skipif(not os.path.exists("/proc/self/status") or platform.libc_ver()[0] != "glibc",
                     reason="glibc's malloc_trim and /proc")
 def test_release_freed_memory_hands_freed_heap_pages_back():
     blocks = [bytearray(4000) for _ in range(50_000)]  # 200 MB from malloc's heap (each above pymalloc's limit)

@@ -1,0 +1,187 @@
+"""The local model's weight dtypes side by side: float32, bfloat16 and int8 (``policies/int8.py``).
+
+Question: what does each dtype buy one decoding step, one conversation decoding alone, and a
+full batch, and how far do its log-probabilities move from float32's?
+
+Three measurements, each dtype in turn in one process (the embedded SmolLM2-135M-Instruct on the CPU):
+
+1. one linear layer the size of the model's MLP projections (576 -> 1,536) on 1, 16 and 600
+   tokens: float32, bfloat16, and the int8 kernel ``Int8Linear`` uses (weights in cache, so this
+   is the arithmetic, not the memory traffic);
+2. plain transformers ``generate``, greedy, one prompt, ``--tokens`` tokens: tokens/s, and the
+   mean absolute difference of each token's log-probability from float32's on float32's own
+   continuation, computed as decoding computes it (the prompt prefilled, then a token a step);
+3. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
+   prompts at once, ``--tokens`` tokens each.
+
+Usage::
+
+    python benchmarks/local_dtypes.py                 # about 3 minutes on 2 cores
+    python benchmarks/local_dtypes.py --tokens 32 --dtypes bfloat16 int8
+
+Writes ``benchmarks/results/local_dtypes.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness
+
+PROMPTS = ["Write a short story about a robot learning to paint.", "What is 17 times 23? Answer with the number.",
+           "Name three capitals in Europe and say one thing about each."]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt")
+    parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
+    parser.add_argument("--name", default="local_dtypes")
+    return parser.parse_args(argv)
+
+
+def linear_layer(dtypes: list[str]) -> list[dict[str, Any]]:
+    import torch
+
+    from nemo_gym_env.policies.int8 import Int8Linear
+
+    layer = torch.nn.Linear(576, 1536, bias=False)
+    bf16 = torch.nn.Linear(576, 1536, bias=False).to(torch.bfloat16)
+    bf16.weight = torch.nn.Parameter(layer.weight.detach().to(torch.bfloat16), requires_grad=False)
+    int8 = Int8Linear(bf16, small_batch=1 << 30)
+    rows = []
+    for tokens in (1, 16, 600):
+        x = torch.randn(tokens, 576)
+        half = x.bfloat16()
+        calls = {"float32": lambda x=x: layer(x), "bfloat16": lambda half=half: bf16(half),
+                 "int8": lambda half=half: int8(half)}
+        for dtype in dtypes:
+            call = calls.get(dtype)
+            if call is None:
+                continue
+            with torch.inference_mode():
+                for _ in range(5):
+                    call()
+                repeats = 200 if tokens < 600 else 40
+                started = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                rows.append({"tokens": tokens, "dtype": dtype,
+                             "microseconds": (time.perf_counter() - started) / repeats * 1e6})
+    return rows
+
+
+def _load(dtype: str) -> Any:
+    from nemo_gym_env.policies.local import LocalPolicy
+
+    return LocalPolicy(dtype=dtype, temperature=0, max_new_tokens=1, prefix_cache_mb=0)
+
+
+def plain_generate(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
+    import torch
+
+    reference = _load("float32")
+    tokenizer = reference.tokenizer
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                             return_tensors="pt", return_dict=True)["input_ids"] for p in PROMPTS]
+    rows = []
+    with torch.inference_mode():
+        continuations = [reference.model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+                         for ids in prompts]
+        reference_logps = [_token_logps(reference.model, full, ids.shape[1]) for ids, full in zip(prompts, continuations)]
+    reference.close()
+    for dtype in dtypes:
+        policy = _load(dtype)
+        model = policy.model
+        with torch.inference_mode():
+            model.generate(prompts[0], max_new_tokens=4, do_sample=False)
+            speeds, moved = [], []
+            for ids, full, ref in zip(prompts, continuations, reference_logps):
+                started = time.perf_counter()
+                model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+                speeds.append(tokens / (time.perf_counter() - started))
+                moved.append(float((_token_logps(model, full, ids.shape[1]) - ref).abs().mean()))
+        rows.append({"dtype": dtype, "tokens_per_s": statistics.median(speeds),
+                     "logprob_shift_from_float32": statistics.mean(moved)})
+        policy.close()
+    return rows
+
+
+def _token_logps(model: Any, full: Any, start: int) -> Any:
+    """Log-probabilities of ``full[start:]`` as decoding computes them: the prompt prefilled, then one token a step."""
+    import torch
+
+    out = model(full[:, :start], use_cache=True)
+    logps = []
+    for position in range(start, full.shape[1]):
+        logps.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1)[full[0, position]])
+        out = model(full[:, position: position + 1], past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(logps)
+
+
+def engine(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
+    from nemo_gym_env.client.loop import background_loop
+    from nemo_gym_env.policies import PolicyRequest
+    from nemo_gym_env.policies.local import LocalPolicy
+
+    topics = ["a robot", "the sea", "a cat", "mountains", "a king", "the moon", "trains", "a river", "bread", "snow",
+              "a city", "a violin", "bees", "a lighthouse", "maps", "a clock"]
+    requests = [PolicyRequest(input=[{"role": "user", "content": f"Tell me a long story about {t}."}], history=[],
+                              tools=[]) for t in topics]
+    rows = []
+    for dtype in dtypes:
+        policy = LocalPolicy(dtype=dtype, temperature=0, max_new_tokens=tokens, prefix_cache_mb=0)
+
+        async def together(*batch: PolicyRequest, policy: LocalPolicy = policy) -> list[Any]:
+            return await asyncio.gather(*(policy.generate(r) for r in batch))
+
+        run = lambda *batch: background_loop().run(together(*batch), timeout=600)
+        run(requests[0])  # warm-up
+        singles = []
+        for request in requests[:3]:
+            started = time.perf_counter()
+            (turn,) = run(request)
+            singles.append(turn.output_tokens / (time.perf_counter() - started))
+        started = time.perf_counter()
+        turns = run(*requests)
+        seconds = time.perf_counter() - started
+        rows.append({"dtype": dtype, "one_prompt_tokens_per_s": statistics.median(singles),
+                     "sixteen_prompts_tokens_per_s": sum(t.output_tokens for t in turns) / seconds})
+        policy.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore")
+    machine = harness.machine()
+    layer = linear_layer(args.dtypes)
+    harness.print_table(["tokens", "dtype", "us"], [[r["tokens"], r["dtype"], r["microseconds"]] for r in layer],
+                        title="one 576 x 1,536 linear layer")
+    plain = plain_generate(args.dtypes, args.tokens)
+    harness.print_table(["dtype", "tokens/s", "log-prob shift from float32 (nats/token)"],
+                        [[r["dtype"], r["tokens_per_s"], r["logprob_shift_from_float32"]] for r in plain],
+                        title=f"transformers generate, one prompt, {args.tokens} tokens (median of {len(PROMPTS)})")
+    ours = engine(args.dtypes, args.tokens)
+    harness.print_table(["dtype", "one prompt tokens/s", "16 prompts tokens/s"],
+                        [[r["dtype"], r["one_prompt_tokens_per_s"], r["sixteen_prompts_tokens_per_s"]] for r in ours],
+                        title=f"the engine (LocalPolicy), {args.tokens} tokens a prompt")
+    path = harness.write_results(args.name, {"machine": machine, "argv": sys.argv[1:], "tokens": args.tokens,
+                                             "linear_layer": layer, "plain_generate": plain, "engine": ours},
+                                 args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
