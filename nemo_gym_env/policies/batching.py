@@ -58,8 +58,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
 import concurrent.futures
+import ctypes
 import logging
 import os
 import queue
@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # how often idle waits wake up to check that their other side is still there
 _TRIM_S = 1.0  # how often the worker hands the C heap's free pages back (release_freed_memory)
+_malloc_trim: Any = None  # glibc's malloc_trim once looked up; False where there is none
 _MAX_GATHER_S = 1.0  # the longest an idle batch waits for more turns before it starts
 
 
@@ -518,9 +519,6 @@ def release_freed_memory() -> None:
             _malloc_trim = False
     if _malloc_trim:
         _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 def _fail_queued(jobs: queue.SimpleQueue, name: str) -> None:

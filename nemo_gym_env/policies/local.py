@@ -83,17 +83,19 @@ def native_dtype(device: str) -> str:
     """``"bfloat16"`` where ``device`` computes it natively (a CPU with AVX512-BF16 or AMX, a GPU with
     bfloat16), else ``"float32"``: what ``dtype="auto"`` takes.
 
-    On a CPU without those instructions PyTorch emulates bfloat16 matrix products, slower than float32.
+    On a CPU without those instructions PyTorch emulates bfloat16 matrix products, slower than
+    float32. The CPU's flags are read from ``/proc/cpuinfo`` (elsewhere: float32).
     """
-    import torch
-
     if device.startswith("cuda"):
+        import torch
+
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        native = False
-    return "bfloat16" if native else "float32"
+        with open("/proc/cpuinfo") as info:
+            flags = set(next((line for line in info if line.startswith("flags")), "").split())
+    except OSError:
+        flags = set()
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 class LocalPolicy(Policy):

@@ -122,7 +122,7 @@ class RolloutPlan:
         if self.kind == "openai":
             policy.update(model=settings.model or config_value(self.cfg, "policy_model_name"), api=settings.api)
         elif self.kind == "local":
-            policy["model"] = settings.model or "embedded"
+            policy.update(model=settings.model or "embedded", dtype=settings.dtype)  # other weights, other tokens
         if settings.input:
             inputs = {str(settings.input): file_digest(settings.input)}
         else:

@@ -1,4 +1,4 @@
-"""int8 weights for decoding: the layer against bfloat16's, and LocalPolicy with ``dtype="int8"`` on the real model."""
+"""int8 weights for decoding and the native dtype: the layer against bfloat16's, LocalPolicy with ``dtype="int8"`` and ``"auto"``."""
 
 from __future__ import annotations
 
@@ -88,3 +88,17 @@ def test_local_policy_int8_generates_with_token_data_close_to_bfloat16():
 def test_local_policy_int8_is_for_the_cpu():
     with pytest.raises(ValueError, match="runs on the CPU only"):
         LocalPolicy(dtype="int8", device="cuda")
+
+
+def test_auto_takes_bfloat16_where_the_cpu_computes_it_natively():
+    from nemo_gym_env.policies.local import native_dtype
+
+    with open("/proc/cpuinfo") as info:
+        flags = set(next((line for line in info if line.startswith("flags")), "").split())
+    assert native_dtype("cpu") == ("bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32")
+    policy = LocalPolicy(dtype="auto", max_new_tokens=1)
+    try:
+        assert policy.dtype == native_dtype("cpu")
+        assert next(policy.model.parameters()).dtype == getattr(torch, policy.dtype)
+    finally:
+        policy.close()

@@ -120,3 +120,13 @@ def test_episode_reward_is_checked_and_a_resume_with_another_is_a_difference(tmp
     assert read_manifest(tmp_path / "rollouts.jsonl").episode_reward == "verify"
     write_manifest(tmp_path / "rollouts.jsonl", new)
     assert read_manifest(tmp_path / "rollouts.jsonl") == new
+
+
+def test_the_local_policy_takes_the_native_dtype_unless_told():
+    assert RolloutSettings().for_policy("local").dtype == LOCAL_DEFAULTS["dtype"] == "auto"
+    assert RolloutSettings(dtype="float32").for_policy("local").dtype == "float32"
+    assert RolloutSettings().for_policy("openai").dtype is None
+    args = build_parser().parse_args(["rollouts", "--dtype", "int8"])
+    assert args.dtype == "int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["rollouts", "--dtype", "int4"])
