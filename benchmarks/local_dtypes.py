@@ -12,7 +12,11 @@ Three measurements, each dtype in turn in one process (the embedded SmolLM2-135M
    mean absolute difference of each token's log-probability from float32's on float32's own
    continuation, computed as decoding computes it (the prompt prefilled, then a token a step);
 3. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
-   prompts at once, ``--tokens`` tokens each.
+   prompts at once, ``--tokens`` tokens each; each dtype in a fresh process that loads the model
+   in a thread, as ``nemo-gym-env rollouts`` does (a process whose main thread also ran torch
+   has two OpenMP thread teams on the cores, which changes how they wait), under the
+   environment's OpenMP settings (``OMP_WAIT_POLICY=PASSIVE python benchmarks/local_dtypes.py``
+   for the other choice).
 
 Usage::
 
@@ -26,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -47,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--name", default="local_dtypes")
+    parser.add_argument("--engine-only", metavar="DTYPE", help=argparse.SUPPRESS)  # the child of engine()
     return parser.parse_args(argv)
 
 
@@ -130,6 +138,18 @@ def _token_logps(model: Any, full: Any, start: int) -> Any:
 
 
 def engine(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
+    """Each dtype in a fresh process (see the module docstring)."""
+    rows = []
+    for dtype in dtypes:
+        done = subprocess.run([sys.executable, __file__, "--engine-only", dtype, "--tokens", str(tokens)],
+                              capture_output=True, text=True, check=True, timeout=900)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def engine_in_this_process(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
+    import threading
+
     from nemo_gym_env.client.loop import background_loop
     from nemo_gym_env.policies import PolicyRequest
     from nemo_gym_env.policies.local import LocalPolicy
@@ -140,7 +160,12 @@ def engine(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
                               tools=[]) for t in topics]
     rows = []
     for dtype in dtypes:
-        policy = LocalPolicy(dtype=dtype, temperature=0, max_new_tokens=tokens, prefix_cache_mb=0)
+        loaded: list[LocalPolicy] = []
+        loader = threading.Thread(target=lambda d=dtype, loaded=loaded: loaded.append(
+            LocalPolicy(dtype=d, temperature=0, max_new_tokens=tokens, prefix_cache_mb=0)))
+        loader.start()
+        loader.join()
+        policy = loaded[0]
 
         async def together(*batch: PolicyRequest, policy: LocalPolicy = policy) -> list[Any]:
             return await asyncio.gather(*(policy.generate(r) for r in batch))
@@ -164,6 +189,10 @@ def engine(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore")
+    if args.engine_only:
+        print(json.dumps(engine_in_this_process([args.engine_only], args.tokens)[0]))
+        return 0
+    openmp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     machine = harness.machine()
     layer = linear_layer(args.dtypes)
     harness.print_table(["tokens", "dtype", "us"], [[r["tokens"], r["dtype"], r["microseconds"]] for r in layer],
@@ -177,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         [[r["dtype"], r["one_prompt_tokens_per_s"], r["sixteen_prompts_tokens_per_s"]] for r in ours],
                         title=f"the engine (LocalPolicy), {args.tokens} tokens a prompt")
     path = harness.write_results(args.name, {"machine": machine, "argv": sys.argv[1:], "tokens": args.tokens,
+                                             "openmp_env_at_start": openmp,
                                              "linear_layer": layer, "plain_generate": plain, "engine": ours},
                                  args.out)
     print(f"wrote {path}")

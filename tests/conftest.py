@@ -27,11 +27,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
+# The suite's two workers keep both cores busy, where OpenMP threads that spin between a decoding
+# step's parallel regions cost more than they win (nemo_gym_env/policies/batching.py): they sleep
+# here, in this process and the commands it starts. Set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from nemo_gym_env.bridge.targets import hosted_library
-from nemo_gym_env.launch.catalog import bundled_servers, bundled_spec, missing_extra
-from nemo_gym_env.server import testing
+import pytest  # noqa: E402
+
+from nemo_gym_env.bridge.targets import hosted_library  # noqa: E402
+from nemo_gym_env.launch.catalog import bundled_servers, bundled_spec, missing_extra  # noqa: E402
+from nemo_gym_env.server import testing  # noqa: E402
 
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec

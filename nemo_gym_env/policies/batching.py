@@ -40,10 +40,13 @@ died gets a ``PolicyError`` within a second instead of waiting forever; a caller
 :meth:`~BatchGenerator.close` (also run at interpreter exit) stops the batch at its next step.
 
 Threads: the worker sets torch's intra-op threads to ``num_threads`` (default: the CPUs this
-process may run on, unless ``OMP_NUM_THREADS`` is set). Importing this module sets
-``OMP_WAIT_POLICY=PASSIVE`` when the environment does not say otherwise and torch is not
-imported yet: with OpenMP's default busy-waiting, a CPU shared with other processes made every
-decoding step several times slower (measurements in ``benchmarks/README.md``).
+process may run on, unless ``OMP_NUM_THREADS`` is set). A decoding step is hundreds of small
+parallel regions; between two of them OpenMP's threads either spin or sleep. Importing this
+module before torch sets ``GOMP_SPINCOUNT=10000`` (a few microseconds of spinning, then sleep)
+unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set: on an otherwise idle machine one
+conversation decodes about 1.8x faster than with ``OMP_WAIT_POLICY=PASSIVE`` (no spinning),
+which is the better choice where other processes keep every core busy (there it is about 1.7x
+faster than spinning); ``benchmarks/README.md``, "Threads and waiting", has the figures.
 
 Example::
 
@@ -71,8 +74,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# OpenMP reads its wait policy once, when torch loads it: it has to be set before that import.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP reads how its threads wait once, when torch loads it: it has to be set before that import.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
 
 import torch  # noqa: E402
 
