@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import ctypes
 import logging
 import os
 import queue
@@ -85,14 +84,17 @@ from nemo_gym_env.policies.decoding import Row, RunningBatch  # noqa: E402
 from nemo_gym_env.policies.fixed_batch import generate_fixed  # noqa: E402
 from nemo_gym_env.policies.kv_cache import PrefixCache, cache_keyword, prefill, supports_prefill  # noqa: E402
 from nemo_gym_env.policies.sampling import row_generator  # noqa: E402
+from nemo_gym_env.system.memory import trim  # noqa: E402
 
-__all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus", "release_freed_memory"]
+__all__ = ["BatchGenerator", "BatchStats", "Generation", "GenerationRequest", "available_cpus"]
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # how often idle waits wake up to check that their other side is still there
-_TRIM_S = 1.0  # how often the worker hands the C heap's free pages back (release_freed_memory)
-_malloc_trim: Any = None  # glibc's malloc_trim once looked up; False where there is none
+# How often the worker hands the C heap's free pages back (system.memory.trim): decoding frees
+# tensors of many sizes, which glibc keeps; once a second took the main job's peak RSS from 2.2
+# to 1.9 GB in bfloat16 (benchmarks/README.md, "The main job").
+_TRIM_S = 1.0
 _MAX_GATHER_S = 1.0  # the longest an idle batch waits for more turns before it starts
 
 
@@ -498,31 +500,12 @@ def _serve(owner_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
                 owner._work(batch)
             del batch
             if time.monotonic() - trimmed > _TRIM_S:
-                release_freed_memory()
+                trim()
                 trimmed = time.monotonic()
     finally:
         if owner is not None:
             owner._stop_all()
         _fail_queued(jobs, name)
-
-
-def release_freed_memory() -> None:
-    """Hand the free pages of the C heap back to the system (``malloc_trim``; glibc only, else nothing).
-
-    Decoding allocates and frees tensors of many sizes from the worker and torch's threads;
-    glibc keeps what was freed for reuse, so the process grows to its worst moment and stays
-    there. Called once a second it cut the main job's peak RSS from 2.2 to 1.9 GB in bfloat16
-    (``benchmarks/README.md``, "The main job"); glibc's fixed mmap threshold
-    (``MALLOC_MMAP_THRESHOLD_``) cut more but made the job a third slower.
-    """
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (AttributeError, OSError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
 
 
 def _fail_queued(jobs: queue.SimpleQueue, name: str) -> None:

@@ -71,6 +71,7 @@ from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
 from nemo_gym_env.policies.render import ChatRenderer
 from nemo_gym_env.protocol.items import is_model_item
 from nemo_gym_env.protocol.parser import parse_model_text
+from nemo_gym_env.system.cpu import cpu_flags
 
 __all__ = ["LocalPolicy", "native_dtype"]
 
@@ -84,18 +85,13 @@ def native_dtype(device: str) -> str:
     bfloat16), else ``"float32"``: what ``dtype="auto"`` takes.
 
     On a CPU without those instructions PyTorch emulates bfloat16 matrix products, slower than
-    float32. The CPU's flags are read from ``/proc/cpuinfo`` (elsewhere: float32).
+    float32. The CPU's flags are :func:`~nemo_gym_env.system.cpu.cpu_flags` (none known outside Linux: float32).
     """
     if device.startswith("cuda"):
         import torch
 
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = set(next((line for line in info if line.startswith("flags")), "").split())
-    except OSError:
-        flags = set()
-    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags()) else "float32"
 
 
 class LocalPolicy(Policy):

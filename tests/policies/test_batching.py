@@ -7,8 +7,6 @@ The real embedded model's path is in ``test_local_batching.py``.
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import threading
 import time
 from typing import Any
@@ -22,12 +20,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from nemo_gym_env.errors import PolicyError  # noqa: E402
-from nemo_gym_env.policies.batching import (  # noqa: E402
-    BatchGenerator,
-    GenerationRequest,
-    available_cpus,
-    release_freed_memory,
-)
+from nemo_gym_env.policies.batching import BatchGenerator, GenerationRequest, available_cpus  # noqa: E402
 
 END = 2
 
@@ -322,23 +315,3 @@ def test_threads_default_to_the_available_cpus_unless_set(model, monkeypatch):
     assert BatchGenerator(model, end_ids={END}, pad_id=0, num_threads=1).num_threads == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an explicit setting (Ray sets it per worker) stands
     assert BatchGenerator(model, end_ids={END}, pad_id=0).num_threads == torch.get_num_threads()
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/status") or platform.libc_ver()[0] != "glibc",
-                    reason="glibc's malloc_trim and /proc")
-def test_release_freed_memory_hands_freed_heap_pages_back():
-    blocks = [bytearray(4000) for _ in range(50_000)]  # 200 MB from malloc's heap (each above pymalloc's limit)
-    pin = bytearray(4000)  # allocated after them: the freed space is not at the heap's top, so free() keeps it
-    held = _rss_mib()
-    del blocks
-    freed_but_kept = _rss_mib()
-    release_freed_memory()
-    released = _rss_mib()
-    assert held - freed_but_kept < 50, (held, freed_but_kept)  # free() alone gave little back
-    assert freed_but_kept - released > 150, (freed_but_kept, released)
-    del pin

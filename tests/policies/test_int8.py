@@ -92,10 +92,10 @@ def test_local_policy_int8_is_for_the_cpu():
 
 def test_auto_takes_bfloat16_where_the_cpu_computes_it_natively():
     from nemo_gym_env.policies.local import native_dtype
+    from nemo_gym_env.system.cpu import cpu_flags
 
-    with open("/proc/cpuinfo") as info:
-        flags = set(next((line for line in info if line.startswith("flags")), "").split())
-    assert native_dtype("cpu") == ("bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32")
+    native = {"avx512_bf16", "amx_bf16"} & set(cpu_flags())
+    assert native_dtype("cpu") == ("bfloat16" if native else "float32")
     policy = LocalPolicy(dtype="auto", max_new_tokens=1)
     try:
         assert policy.dtype == native_dtype("cpu")
