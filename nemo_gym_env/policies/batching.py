@@ -80,6 +80,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 import torch  # noqa: E402
 
 from nemo_gym_env.errors import PolicyError  # noqa: E402
+from nemo_gym_env.policies.attention import use_decode_attention  # noqa: E402
 from nemo_gym_env.policies.decoding import Row, RunningBatch  # noqa: E402
 from nemo_gym_env.policies.fixed_batch import generate_fixed  # noqa: E402
 from nemo_gym_env.policies.kv_cache import PrefixCache, cache_keyword, prefill, supports_prefill  # noqa: E402
@@ -229,6 +230,7 @@ class BatchGenerator:
 
     @model.setter
     def model(self, model: Any) -> None:
+        use_decode_attention(model)  # a decoding step's attention without SDPA's slow one-token CPU path
         self._model = model
         if getattr(self, "_running", None) is not None:
             self._running.model = model

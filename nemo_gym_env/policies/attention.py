@@ -1,0 +1,74 @@
+"""Attention for decoding steps on the CPU: a few query tokens against a long key/value cache.
+
+PyTorch's CPU attention kernel (``scaled_dot_product_attention``'s flash path) is built for
+long queries. A decoding step has one query token per row, and there it spends most of its
+time outside the arithmetic: for 8 rows of 550 to 1,500 cached positions in bfloat16 one layer
+took 0.5-0.9 ms where two matrix products and a softmax take 0.2-0.5 ms
+(``benchmarks/local_dtypes.py``, "attention"). :func:`decode_attention` does the latter for
+queries of at most :data:`MAX_QUERY` tokens on the CPU, with the query heads that share a
+key/value head stacked so that the cache is read once and never repeated per head; the scores
+and the softmax are in float32, as the fused kernel keeps them. Anything else (longer
+queries, other devices, dropout, biases) goes to transformers' own SDPA path unchanged.
+
+:func:`use_decode_attention` switches a model to it (``attn_implementation`` ``"nge_decode"``,
+registered with transformers' ``AttentionInterface``); the key/value masks are SDPA's.
+
+Example::
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    use_decode_attention(model)   # True: its decoding steps take the path above
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_QUERY", "NAME", "decode_attention", "use_decode_attention"]
+
+NAME = "nge_decode"
+MAX_QUERY = 16
+"""Longer queries (prefills) go to SDPA, whose fused kernel is the faster there."""
+
+
+def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` (batch, heads, q, dim), ``key``/``value``
+    (batch, kv_heads, kv, dim), a boolean or additive mask (batch or 1, 1, q, kv) or None; returns
+    (batch, q, heads, dim)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    if (query.device.type != "cpu" or length != 1 or dropout or heads % kv_heads or heads == kv_heads
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # The query heads that share a key/value head become that head's queries: (batch, kv_heads, groups, dim).
+    stacked = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def use_decode_attention(model: Any) -> bool:
+    """Switch ``model`` to :func:`decode_attention` if it runs SDPA on the CPU; whether it did."""
+    config = getattr(model, "config", None)
+    device = getattr(model, "device", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == NAME:
+        return True
+    if current != "sdpa" or getattr(device, "type", None) != "cpu":
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, AttributeError, TypeError):  # a model class that cannot switch keeps SDPA
+        return False
+    return getattr(model.config, "_attn_implementation", None) == NAME
