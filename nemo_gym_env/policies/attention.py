@@ -1,17 +1,18 @@
-"""Attention for decoding steps on the CPU: a few query tokens against a long key/value cache.
+"""Attention for decoding steps on the CPU: one query token per row against the key/value cache.
 
-PyTorch's CPU attention kernel (``scaled_dot_product_attention``'s flash path) is built for
-long queries. A decoding step has one query token per row, and there it spends most of its
-time outside the arithmetic: for 8 rows of 550 to 1,500 cached positions in bfloat16 one layer
-took 0.5-0.9 ms where two matrix products and a softmax take 0.2-0.5 ms
-(``benchmarks/local_dtypes.py``, "attention"). :func:`decode_attention` does the latter for
-queries of at most :data:`MAX_QUERY` tokens on the CPU, with the query heads that share a
-key/value head stacked so that the cache is read once and never repeated per head; the scores
-and the softmax are in float32, as the fused kernel keeps them. Anything else (longer
+SmolLM2 has 9 query heads on 3 key/value heads. For a step whose rows need a padding mask,
+transformers' SDPA path stacks the 3 query heads of each key/value head into one query block
+and calls PyTorch's fused kernel on that; for a step without one (a row decoding alone, or rows
+of one length) it passes the 9 heads with ``enable_gqa=True`` instead, and PyTorch's CPU kernel
+is far slower there: 344 us a layer in bfloat16 over 550 cached positions, against 69 us
+stacked (``benchmarks/local_dtypes.py``, ``results/local_dtypes.json``: ``attention_step``),
+a quarter of a lone conversation's decoding step in int8. :func:`decode_attention` stacks the
+heads whether or not there is a mask, for one-token queries on the CPU; anything else (longer
 queries, other devices, dropout, biases) goes to transformers' own SDPA path unchanged.
 
 :func:`use_decode_attention` switches a model to it (``attn_implementation`` ``"nge_decode"``,
-registered with transformers' ``AttentionInterface``); the key/value masks are SDPA's.
+registered with transformers' ``AttentionInterface``; the masks are SDPA's);
+:class:`~nemo_gym_env.policies.batching.BatchGenerator` does for every CPU model it decodes.
 
 Example::
 
@@ -25,11 +26,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_QUERY", "NAME", "decode_attention", "use_decode_attention"]
+__all__ = ["NAME", "decode_attention", "use_decode_attention"]
 
 NAME = "nge_decode"
-MAX_QUERY = 16
-"""Longer queries (prefills) go to SDPA, whose fused kernel is the faster there."""
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -362,7 +362,7 @@ class BatchGenerator:
 
     def _admit(self, jobs: list[_Job]) -> None:
         """Prefill each job's prompt (a failure fails that job only) and let them join the running batch."""
-        arrivals = []
+        arrivals, prompts_kept = [], []
         for job in jobs:
             request = job.request
             head = request.prompt[:-1]
@@ -376,7 +376,7 @@ class BatchGenerator:
             finally:
                 self.stats.prefill_seconds += time.perf_counter() - started
             if self.prefix_cache.max_bytes and len(head) > count:
-                self.prefix_cache.put(head, states)  # the next arrival of the same task starts from here
+                prompts_kept.append(self.prefix_cache.put(head, states))  # the next arrival of this prompt starts here
             self.stats.cached_prompt_tokens += count
             self.stats.computed_prompt_tokens += len(request.prompt) - count
             job.started = time.perf_counter()
@@ -384,6 +384,10 @@ class BatchGenerator:
                       budget=request.max_new_tokens, generator=row_generator(_seed(request)))
             arrivals.append((row, states))
         self._running.add(arrivals)
+        # The batch holds these prompts' states now and the cache gets them back, extended, when their
+        # turns end: kept on past this admission they would be a second copy of the running batch.
+        for key in prompts_kept:
+            self.prefix_cache.discard(key)
 
     def _step(self) -> None:
         running = self._running

@@ -11,7 +11,7 @@ batch is done.
 Rows are right-aligned: every row's newest position is the cache's last column; a shorter row
 has zero states on its left, masked out by the attention mask, and each row's position ids
 are its own. Columns no row uses any more are dropped when rows leave. The cache's buffers grow
-by doubling and are written in place (:class:`GrowingLayer`): transformers' default cache
+by 64 positions at a time and are written in place (:class:`GrowingLayer`): transformers' default cache
 concatenates the whole cache on every step, which at 16 rows of 1,000 tokens is most of a
 step's memory traffic.
 
@@ -39,9 +39,11 @@ from nemo_gym_env.policies.sampling import choose
 
 __all__ = ["GrowingLayer", "Row", "RunningBatch"]
 
+_ROOM = 64
+
 
 class GrowingLayer(DynamicLayer):
-    """A dynamic cache layer whose buffers have room to grow and are written in place (doubling when full).
+    """A dynamic cache layer whose buffers have room to grow and are written in place (64 more positions when full).
 
     ``keys``/``values`` are views of the first ``length`` positions, as transformers expects.
     """
@@ -75,9 +77,10 @@ class GrowingLayer(DynamicLayer):
 
 
 def _with_room(tensor: torch.Tensor, needed: int) -> torch.Tensor:
-    """``tensor`` (batch, heads, length, dim) copied into a buffer of ``needed`` positions plus as many again
-    (at most 256 more: rows join and leave often, and each time the buffers are rebuilt)."""
-    out = tensor.new_empty((tensor.shape[0], tensor.shape[1], needed + min(max(needed, 64), 256), tensor.shape[3]))
+    """``tensor`` (batch, heads, length, dim) copied into a buffer of ``needed`` positions plus 64 more (rows
+    join and leave often, and each time the buffers are rebuilt with new room: more would be memory held
+    for nothing, a quarter of the batch's states at 256)."""
+    out = tensor.new_empty((tensor.shape[0], tensor.shape[1], needed + _ROOM, tensor.shape[3]))
     out[:, :, : tensor.shape[2]] = tensor
     return out
 

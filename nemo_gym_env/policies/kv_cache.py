@@ -126,19 +126,28 @@ class PrefixCache:
         self._entries.clear()
         self.nbytes = 0
 
-    def put(self, tokens: Sequence[int], states: States) -> None:
-        """Keep ``states`` (one per token of ``tokens``), dropping entries it extends and the least recently used."""
+    def put(self, tokens: Sequence[int], states: States) -> int | None:
+        """Keep ``states`` (one per token of ``tokens``), dropping entries it extends and the least recently used;
+        the entry's key (for :meth:`discard`), or None if it was not kept."""
         size = _nbytes(states)
         if not tokens or size > self.max_bytes:
-            return
+            return None
         have = torch.tensor(list(tokens), dtype=torch.int64)
         for key, (old, _, old_size) in list(self._entries.items()):
             if len(old) <= len(have) and bool((have[: len(old)] == old).all()):
                 del self._entries[key]  # a prefix of the new entry: the new one serves it too
                 self.nbytes -= old_size
-        self._entries[self._next] = (have, states, size)
+        key = self._next
+        self._entries[key] = (have, states, size)
         self._next += 1
         self.nbytes += size
         while self.nbytes > self.max_bytes:
             _, (_, _, dropped) = self._entries.popitem(last=False)
             self.nbytes -= dropped
+        return key if key in self._entries else None
+
+    def discard(self, key: int | None) -> None:
+        """Drop the entry ``put`` returned ``key`` for, if it is still there."""
+        entry = self._entries.pop(key, None) if key is not None else None
+        if entry is not None:
+            self.nbytes -= entry[2]

@@ -136,6 +136,23 @@ def test_seeded_sampling_does_not_depend_on_the_batch(model):
     assert generator.stats.as_dict()["mean_batch"] > 1
 
 
+def test_a_group_of_one_prompt_is_prefilled_once_and_the_cache_keeps_finished_turns_only(model):
+    """Copies arriving together reuse the first copy's prompt states; once the batch holds them the cache
+    lets them go (a second copy of the running batch), and takes each finished turn back."""
+    generator = BatchGenerator(model, end_ids={END}, pad_id=0, wait_s=0.2)
+    request = _request(9, length=30, budget=6)
+    outputs = asyncio.run(_all(generator, [request] * 4))
+    generator.close()
+    stats = generator.stats.as_dict()
+    assert stats["computed_prompt_tokens"] == len(request.prompt) + 3  # once, then the last token of each copy
+    assert stats["cached_prompt_tokens"] == 3 * (len(request.prompt) - 1)
+    finished = {tuple(request.prompt + out.token_ids[:-1]) for out in outputs}
+    # Finished turns only (one entry per distinct turn: an equal one replaces its twin), no prompt alone.
+    assert len(generator.prefix_cache) == len(finished)
+    assert generator.prefix_cache.longest(request.prompt + outputs[0].token_ids[:-1])[0] == \
+        len(request.prompt) + len(outputs[0].token_ids) - 1
+
+
 def test_a_later_turn_computes_only_its_new_tokens(model):
     generator = BatchGenerator(model, end_ids={END}, pad_id=0)
     first_request = _request(5, length=20, budget=6)
