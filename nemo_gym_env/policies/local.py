@@ -72,6 +72,7 @@ from nemo_gym_env.policies.render import ChatRenderer
 from nemo_gym_env.protocol.items import is_model_item
 from nemo_gym_env.protocol.parser import parse_model_text
 from nemo_gym_env.system.cpu import cpu_flags
+from nemo_gym_env.system.memory import release_large_blocks
 
 __all__ = ["LocalPolicy", "native_dtype"]
 
@@ -120,7 +121,16 @@ class LocalPolicy(Policy):
             use, unless ``OMP_NUM_THREADS`` is set (Ray sets it per worker), which then stands.
         prefix_cache_mb: Memory for the key/value states of finished turns, so that a prompt
             extending one (the episode's next turn, another rollout of the same task) computes
-            only its new tokens; 0 turns it off.
+            only its new tokens; 0 turns it off. None: 128 MB per byte of the states' dtype
+            (256 MB in bfloat16: 16 conversations of 700 tokens of SmolLM2, the turns in flight
+            at the default concurrency; the least recently used go first, which are those of
+            finished episodes).
+
+    Memory: loading the model sets glibc's allocator to serve blocks of 1 MB or more from
+    mappings of their own, unmapped when freed (:func:`~nemo_gym_env.system.memory.release_large_blocks`;
+    process-wide; ``NEMO_GYM_ENV_MALLOC_DEFAULTS=1`` leaves glibc as it is): key/value buffers
+    rebuilt as turns join and leave otherwise stay in the heap as holes, about a third of the
+    README main job's peak (``benchmarks/README.md``, "The main job").
 
     Attributes:
         load_seconds: How long loading the tokenizer and model took (provisioning included).
@@ -146,7 +156,7 @@ class LocalPolicy(Policy):
         max_batch_size: int = 16,
         batch_wait_s: float = 0.05,
         num_threads: int | None = None,
-        prefix_cache_mb: float = 1024,
+        prefix_cache_mb: float | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -163,6 +173,7 @@ class LocalPolicy(Policy):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         started = time.perf_counter()
+        release_large_blocks()  # before provisioning: converting the default model frees hundreds of MB
         if model_path is None:
             source, kwargs, label = default_model_dir(), {}, DEFAULT_MODEL_NAME
         elif str(model_path).endswith(".gguf"):
@@ -193,6 +204,8 @@ class LocalPolicy(Policy):
         self._calls = itertools.count()
         self._preparing = 0  # turns whose prompt is being built: the next batch waits for them
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        if prefix_cache_mb is None:
+            prefix_cache_mb = 128 * next(self.model.parameters()).element_size()
         self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
                                        max_batch_size=max_batch_size, wait_s=batch_wait_s,
                                        preparing=lambda: self._preparing,

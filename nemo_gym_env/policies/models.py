@@ -124,6 +124,7 @@ def _download_gguf(target: Path) -> None:
 def _convert(gguf: Path, target: Path) -> None:
     """Dequantize ``gguf`` with transformers and save a plain transformers folder at ``target``."""
     try:
+        from safetensors.torch import save_file
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise ModelProvisionError(
@@ -134,17 +135,22 @@ def _convert(gguf: Path, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # transformers marks a GGUF-loaded model as quantized and refuses to save it, though its
-    # weights are plain float32 by now: copy them into an unmarked model of the same config.
+    # weights are plain float32 by now: the config is saved without the mark and the weights
+    # with safetensors directly (no second copy of the model: the conversion's peak memory is
+    # the loaded model and one serialized copy of its weights).
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = loaded.generation_config
+    config.architectures = [type(loaded).__name__]  # as save_pretrained writes it
+    tied = bool(getattr(config.get_text_config(decoder=True), "tie_word_embeddings", False))
+    weights = {name: tensor.contiguous() for name, tensor in loaded.state_dict().items()
+               if not (tied and name == "lm_head.weight")}  # a tied head is the embedding, saved once
     partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
         tokenizer.save_pretrained(partial)
-        model.save_pretrained(partial)
+        config.save_pretrained(partial)
+        loaded.generation_config.save_pretrained(partial)
+        save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
         partial.chmod(0o755)  # mkdtemp made it private; the cache folder is an ordinary one
         os.replace(partial, target)
     except BaseException:
