@@ -106,31 +106,14 @@ def _tasks(per_server: int, only: list[str] | None = None) -> list[tuple[str, in
 def _level(concurrency: int, tasks: list, urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """One measurement: every task once at ``concurrency``, with a new policy."""
     from nemo_gym_env.policies.local import LocalPolicy
-    from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
-    from nemo_gym_env.rollouts.output import is_failure
 
     policy = LocalPolicy(temperature=0.0, num_threads=args.threads)
-    clients = ServerClients(urls)
-    sampling = {"temperature": 0.0, "max_output_tokens": args.max_output_tokens}
-    jobs = [RolloutJob(apply_sampling(row, sampling), n, 0, clients[server], policy, server)
-            for n, (server, _, row) in enumerate(tasks)]
-
-    async def run() -> list[dict[str, Any]]:
-        return [row async for row in collect_jobs(jobs, concurrency=concurrency, max_steps=args.max_steps)]
-
     load = os.getloadavg()[0]
-    started = time.perf_counter()
-    rows = asyncio.run(run())
-    seconds = time.perf_counter() - started
+    result = _collect(policy, tasks, urls, args, repeats=1, concurrency=concurrency)
     policy.close()
-    done = [r for r in rows if not is_failure(r)]
-    output_tokens = sum(r["response"]["usage"]["output_tokens"] for r in done)
-    input_tokens = sum(r["response"]["usage"]["input_tokens"] for r in done)
     stats = policy.stats
     return {
-        "concurrency": concurrency, "rollouts": len(done), "failed": len(rows) - len(done), "seconds": seconds,
-        "output_tokens": output_tokens, "input_tokens": input_tokens, "tokens_per_s": output_tokens / seconds,
-        "rollouts_per_s": len(done) / seconds, "mean_reward": statistics.fmean(r["reward"] for r in done) if done else 0,
+        "concurrency": concurrency, **result,
         "turns": stats["rows"], "steps": stats["steps"], "mean_batch": stats["mean_batch"],
         "prefill_seconds": stats["prefill_seconds"], "step_seconds": stats["step_seconds"],
         "ms_per_step": 1000 * stats["step_seconds"] / max(stats["steps"], 1), "policy_stats": stats, "loadavg_1m_before": load,
@@ -256,6 +239,15 @@ def _machine_cpu() -> tuple[float, float]:
     return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
 
 
+def _pause_group(pid: int, paused: bool) -> None:
+    """Stop (SIGSTOP) or resume an engine's process group: an idle engine may still poll (vLLM does), and
+    would take CPU from the engine being measured."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+
 class _ServedEngine:
     """An OpenAI-compatible model server started for the comparison; stopped on exit."""
 
@@ -293,12 +285,7 @@ class _ServedEngine:
         return harness.rss_mib(self.proc.pid, peak=True)
 
     def pause(self, paused: bool) -> None:
-        """Stop (SIGSTOP) or resume the server's processes: an idle vLLM still polls, and would take CPU
-        from the engine being measured."""
-        import signal
-
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        _pause_group(self.proc.pid, paused)
 
     def stop(self) -> None:
         import signal
@@ -342,8 +329,9 @@ def _start_engine(name: str, model_dir: Path, args: argparse.Namespace, logs: Pa
     return _ServedEngine(name, command, port, env, logs / f"{name}.log")
 
 
-def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace, repeats: int) -> dict[str, Any]:
-    """The workload once through ``policy``: every task ``repeats`` times at ``--engine-concurrency``."""
+def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Namespace, repeats: int,
+             concurrency: int) -> dict[str, Any]:
+    """Every task ``repeats`` times through ``policy`` at ``concurrency``, over the real rollout path."""
     from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY
     from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
     from nemo_gym_env.rollouts.output import is_failure
@@ -354,7 +342,7 @@ def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Name
             for n, (server, _, row) in enumerate(tasks) for repeat in range(repeats)]
 
     async def run() -> list[dict[str, Any]]:
-        return [row async for row in collect_jobs(jobs, concurrency=args.engine_concurrency, max_steps=args.max_steps)]
+        return [row async for row in collect_jobs(jobs, concurrency=concurrency, max_steps=args.max_steps)]
 
     started = time.perf_counter()
     rows = asyncio.run(run())
@@ -412,10 +400,7 @@ class _OursEngine:
         return harness.cpu_seconds(self.proc.pid)
 
     def pause(self, paused: bool) -> None:
-        import signal
-
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        _pause_group(self.proc.pid, paused)
 
     def stop(self) -> None:
         self.pause(False)
@@ -443,7 +428,8 @@ def ours_worker(args: argparse.Namespace) -> int:
                              default=str), flush=True)
         elif command in ("warm", "level"):
             warm = command == "warm"
-            result = _collect(policy, tasks[:1] if warm else tasks, urls, args, 1 if warm else args.repeats)
+            result = _collect(policy, tasks[:1] if warm else tasks, urls, args, 1 if warm else args.repeats,
+                              args.engine_concurrency)
             print(json.dumps(result), flush=True)
     policy.close()
     return 0
@@ -458,8 +444,8 @@ class _ServedClient:
 
     def level(self, warm: bool) -> dict[str, Any]:
         if warm:
-            return _collect(self.policy, self.tasks[:1], self.urls, self.args, 1)
-        return _collect(self.policy, self.tasks, self.urls, self.args, self.args.repeats)
+            return _collect(self.policy, self.tasks[:1], self.urls, self.args, 1, self.args.engine_concurrency)
+        return _collect(self.policy, self.tasks, self.urls, self.args, self.args.repeats, self.args.engine_concurrency)
 
     def finish(self) -> dict[str, Any]:
         return {"peak_rss_mib": self.server.rss_mib()}

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 __all__ = ["NAME", "decode_attention", "use_decode_attention"]
 
@@ -37,8 +38,6 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """transformers' attention-function contract: ``query`` (batch, heads, q, dim), ``key``/``value``
     (batch, kv_heads, kv, dim), a boolean or additive mask (batch or 1, 1, q, kv) or None; returns
     (batch, q, heads, dim)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     if (query.device.type != "cpu" or length != 1 or dropout or heads % kv_heads or heads == kv_heads
