@@ -1,7 +1,7 @@
 """Runs inside the sandboxed interpreter, before and around the untrusted program.
 
-Started by ``sandbox.py`` as ``python -I -S -B -X utf8 -c <this source> MODE SCRATCH`` with the
-resource limits already applied. It reads ``SCRATCH/solution.py``, removes a few dangerous
+Started by ``sandbox.py`` as ``python -I -S -B -X utf8 -c <this source> MODE SCRATCH CPU_S AS_BYTES
+FILE_BYTES PROCESSES``. Its first act is to set those resource limits (``_apply_limits``). It reads ``SCRATCH/solution.py``, removes a few dangerous
 functions that raise no audit event (``_remove_unaudited``), installs an audit hook
 (``sys.addaudithook``) that denies process creation, signals to other processes, sockets
 other than local socket pairs, native-code modules (``ctypes``) and file access outside
@@ -161,9 +161,23 @@ def _install_hook(scratch, read_roots):
     sys.addaudithook(hook)
 
 
+def _apply_limits(cpu_s, address_space, file_bytes, processes):
+    """Hard and soft limits of this process, before anything of the program is read; the audit hook
+    then denies ``resource.setrlimit``, so the program cannot raise them (root included)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def _main():
     import os
 
+    _apply_limits(*(int(value) for value in sys.argv[3:7]))
     mode, scratch = sys.argv[1], sys.argv[2]
     program_path = os.path.join(scratch, "solution.py")
     with open(program_path, "rb") as f:

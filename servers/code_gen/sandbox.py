@@ -9,8 +9,8 @@
 Each run gets a fresh scratch directory (removed afterwards, also after a timeout) and a new
 ``python -I -S -B -X utf8`` interpreter (isolated mode: no user site, no ``PYTHON*``
 variables, no current directory on ``sys.path``; no ``site``, so no third-party packages),
-started in its own session with a minimal environment and these limits, applied with
-``resource.setrlimit`` in ``preexec_fn`` before the interpreter starts:
+started in its own session with a minimal environment and these limits, which ``_bootstrap.py``
+applies with ``resource.setrlimit`` as its first statement, before it reads the program:
 
 ==================  ==========================================================================
 ``RLIMIT_CPU``      ``ceil(timeout_s)`` seconds (SIGXCPU), hard limit one second later (SIGKILL)
@@ -24,6 +24,11 @@ A wall-clock timeout kills the whole process group (``os.killpg``). Standard out
 ``max_output_bytes`` kills the program (``output_limit``); standard error is kept up to 64 KiB.
 Inside the child, ``_bootstrap.py`` installs an audit hook before the program runs; see there
 and the README for what it denies and what it cannot stop.
+
+The limits travel as arguments, not in a ``preexec_fn``: with a ``preexec_fn`` Python must
+``fork()`` the server, copying its page tables for every test run (121 ms a start from a 2 GB
+process against 8 ms by ``vfork``, ``benchmarks/README.md``), and only without one can it
+``vfork()``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import errno
 import json
 import math
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -108,14 +112,11 @@ class RunResult:
     truncated: bool = field(default=False)
 
 
-def _apply_limits(limits: Limits) -> None:  # runs in the forked child, before exec
+def _limit_arguments(limits: Limits) -> list[str]:
+    """The bootstrap's arguments after MODE and SCRATCH: CPU seconds, address space, file size and
+    process count (``_bootstrap._apply_limits`` sets them, plus 256 open files and no core dumps)."""
     cpu = max(1, math.ceil(limits.timeout_s))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return [str(cpu), str(limits.memory_bytes), str(limits.max_file_bytes), str(limits.max_processes)]
 
 
 def _remove_tree(path: str) -> None:
@@ -176,14 +177,13 @@ class Sandbox:
         started = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", BOOTSTRAP,
-            "call" if call is not None else "stdio", scratch,
+            "call" if call is not None else "stdio", scratch, *_limit_arguments(limits),
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=scratch,
             env=env,
             start_new_session=True,
-            preexec_fn=lambda: _apply_limits(limits),
         )  # fmt: skip
         overflow = asyncio.Event()
         timed_out = False
