@@ -1,9 +1,10 @@
 """``recipes/trl_grpo.py`` run as a user runs it (slow: loads the model, trains).
 
 The training is shared: one real run per route for the whole session (:func:`rollout_func_run`,
-:func:`environment_factory_run`, the quick start's settings with a short budget and a small
-held-out set), and every assertion about the recipe reads what those runs left: their output,
-metrics, held-out records, curves and checkpoints.
+:func:`environment_factory_run`, the quick start's settings with a short budget: one group of 4
+episodes a step, 96 tokens an episode, a held-out set of one row of each kind), and every
+assertion about the recipe reads what those runs left: their output, metrics, held-out records,
+curves and checkpoints.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _heldout(tmp: Path, size: int, answer_tool: bool = False) -> tuple[Path, lis
     return path, rows
 
 
-def _run(tmp: Path, *overrides: str, heldout_size: int = 4, answer_tool: bool = False) -> Run:
+def _run(tmp: Path, *overrides: str, heldout_size: int = 2, answer_tool: bool = False) -> Run:
     from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME
 
     heldout, rows = _heldout(tmp, heldout_size, answer_tool)
@@ -62,7 +63,7 @@ def _run(tmp: Path, *overrides: str, heldout_size: int = 4, answer_tool: bool = 
                "before": 7.0, "after": 7.0}
     results.write_text(json.dumps({"runs": [OTHER, earlier]}))
     command = [sys.executable, str(RECIPE), f"eval_dataset={heldout}", "eval_every=1", f"results={results}",
-               f"output_dir={out}", f"plot={out / 'curves.png'}", *overrides]
+               f"output_dir={out}", f"plot={out / 'curves.png'}", "max_completion_length=96", *overrides]
     done = subprocess.run(command, check=False, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1700)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -71,9 +72,10 @@ def _run(tmp: Path, *overrides: str, heldout_size: int = 4, answer_tool: bool = 
 
 @pytest.fixture(scope="session")
 def rollout_func_run(tmp_path_factory, model_dir) -> Run:
-    """The quick start's defaults (badge_lookup, single questions, 8 episodes a step), 2 steps, partial credit
-    for lookups as shaping, a held-out evaluation after every step."""
-    return _run(tmp_path_factory.mktemp("rollout_func"), "steps=2", "shaping={looked_up: 0.5}")
+    """The quick start's defaults (badge_lookup, single questions) on a short budget: 2 steps of one group of 4
+    episodes, partial credit for lookups as shaping, a held-out evaluation after every step."""
+    return _run(tmp_path_factory.mktemp("rollout_func"), "steps=2", "num_generations=4", "batch_size=4",
+                "shaping={looked_up: 0.5}")
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +126,7 @@ def test_held_out_rows_are_scored_greedy_by_kind_before_between_and_after(rollou
     assert runs[0] == OTHER and len(runs) == 2  # the earlier record of this run (before 7.0) replaced
     record = run.record
     assert {k: record[k] for k in ("task", "seed", "steps", "train_rows", "heldout_rows", "route")} == {
-        "task": "badge_lookup", "seed": 0, "steps": 2, "train_rows": 512, "heldout_rows": 4, "route": "rollout_func"}
+        "task": "badge_lookup", "seed": 0, "steps": 2, "train_rows": 512, "heldout_rows": 2, "route": "rollout_func"}
     assert [e["step"] for e in record["evals"]] == [0, 1, 2] and all(e["failed"] == 0 for e in record["evals"])
     for evaluation in record["evals"]:
         assert set(evaluation["by_kind"]) == {"single", "larger"}  # the held-out rows take turns between kinds
@@ -137,7 +139,7 @@ def test_held_out_rows_are_scored_greedy_by_kind_before_between_and_after(rollou
         assert record["machine"][moment]["load_avg_1m"] >= 0 and isinstance(record["machine"][moment]["cpu_flags"], list)
     assert (out / "heldout" / "model" / "config.json").exists()  # the trained model the last evaluation loaded
     rows = [json.loads(line) for line in (out / "heldout" / "heldout_step2.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and all(r["responses_create_params"]["temperature"] == 0.0 for r in rows)  # greedy
+    assert len(rows) == 2 and all(r["responses_create_params"]["temperature"] == 0.0 for r in rows)  # greedy
     assert {r["kind"] for r in rows} == {"single", "larger"}
     assert "held-out reward: before" in run.done.stdout
     if importlib.util.find_spec("matplotlib") is not None:
