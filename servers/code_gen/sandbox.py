@@ -26,9 +26,9 @@ Inside the child, ``_bootstrap.py`` installs an audit hook before the program ru
 and the README for what it denies and what it cannot stop.
 
 The limits travel as arguments, not in a ``preexec_fn``: with a ``preexec_fn`` Python must
-``fork()`` the server, copying its page tables for every test run (121 ms a start from a 2 GB
-process against 8 ms by ``vfork``, ``benchmarks/README.md``), and only without one can it
-``vfork()``.
+``fork()`` the server, copying its page tables for every test run, and only without one can it
+``vfork()`` (a trivial run started from a process holding 2 GiB: 132 ms forked, 18 ms by
+``vfork``; ``benchmarks/sandbox_start.py``).
 """
 
 from __future__ import annotations
