@@ -31,6 +31,14 @@ from typing import TYPE_CHECKING, Any
 # step's parallel regions cost more than they win (nemo_gym_env/policies/batching.py): they sleep
 # here, in this process and the commands it starts. Set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# And each worker's share of the cores for its threads: an OpenMP team of two on a core the other
+# worker also wants waits at every barrier for its descheduled thread (a GRPO step of the recipe
+# took 233 s with two threads against 120 s with one, next to a busy core). Ray sets its own.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, _share)
 
 import pytest  # noqa: E402
 
