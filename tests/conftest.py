@@ -10,7 +10,7 @@
 
 Fixture servers and data live in ``tests/fixtures`` (:mod:`tests.fixtures`).
 
-Under pytest-xdist (the README's test command: ``-n 2 --dist loadgroup``) every module runs whole
+Under pytest-xdist (the README's test command: ``-n 3 --dist loadgroup``) every module runs whole
 on one worker, so a module-scoped server starts once; the folders of :data:`SHARED_STACKS`,
 whose tests share one package-scoped stack, run whole on one worker each. The reliability
 suite's figures travel in the reports and are printed (and written) here, on the controller.
@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# The suite's two workers keep both cores busy, where OpenMP threads that spin between a decoding
+# The suite's workers keep both cores busy, where OpenMP threads that spin between a decoding
 # step's parallel regions cost more than they win (nemo_gym_env/policies/batching.py): they sleep
 # here, in this process and the commands it starts. Set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# And each worker's share of the cores for its threads: an OpenMP team of two on a core the other
-# worker also wants waits at every barrier for its descheduled thread (a GRPO step of the recipe
+# And each worker's share of the cores for its threads: an OpenMP team of two on cores the other
+# workers also want waits at every barrier for its descheduled thread (a GRPO step of the recipe
 # took 233 s with two threads against 120 s with one, next to a busy core). Ray sets its own.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
