@@ -77,17 +77,17 @@ def _cell(held: float, runs: int, variant: str) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    cells: dict[str, dict[str, list[float]]] = {}
+    cells: dict[float, dict[str, list[float]]] = {}
     for round_ in range(args.rounds):
         for held in args.held:
             order = ("vfork", "fork") if round_ % 2 == 0 else ("fork", "vfork")
             for variant in order:
                 ms = _cell(held, args.runs, variant)
-                cells.setdefault(str(held), {}).setdefault(variant, []).append(ms)
+                cells.setdefault(held, {}).setdefault(variant, []).append(ms)
                 print(f"  round {round_ + 1}, {held:g} GiB held, {variant}: {ms:.1f} ms a run", flush=True)
     rows, table = [], []
     for held in args.held:
-        cell = cells[str(held)]
+        cell = cells[held]
         vfork, fork = harness.median(cell["vfork"]), harness.median(cell["fork"])
         rows.append({"held_gib": held, "vfork_ms": cell["vfork"], "fork_ms": cell["fork"],
                      "vfork_median_ms": vfork, "fork_median_ms": fork, "fork_over_vfork": fork / vfork})

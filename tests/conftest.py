@@ -34,6 +34,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # And each worker's share of the cores for its threads: an OpenMP team of two on cores the other
 # workers also want waits at every barrier for its descheduled thread (a GRPO step of the recipe
 # took 233 s with two threads against 120 s with one, next to a busy core). Ray sets its own.
+# The CPUs are counted here, not with nemo_gym_env's available_cpus(): importing the package loads
+# numpy, whose OpenBLAS reads its thread count once, at load.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
     _share = str(max(1, len(os.sched_getaffinity(0)) // _workers))
