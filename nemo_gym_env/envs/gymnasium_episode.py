@@ -12,7 +12,8 @@ env, the vector env, rollout collection and the trainer adapters can drive:
   NeMo Gym's agent);
 - the episode's verdict (:attr:`last_verify`, what a rollout row holds) is the row, the whole
   trajectory as ``response``, ``reward`` = the sum of the step rewards, ``terminated``,
-  ``truncated`` and the last step's ``info``: the row NeMo Gym's agent writes.
+  ``truncated`` and the last step's ``info``: the row NeMo Gym's agent writes (and, from a
+  conversational server, ``user_usage``: the simulated user's tokens, apart from the agent's).
 
 A reply that is not such a step (a reward that is not a finite number, a flag that is missing
 or not a boolean) ends the episode truncated with ``info["error"]``, as a failing resources server does.
@@ -135,6 +136,8 @@ class GymnasiumEpisode(Episode):
         params = {**self.task["responses_create_params"], "input": self.prompt}  # as NeMo Gym's agent records it
         self.last_verify = {**self.task, "responses_create_params": params, "response": self._response_json(),
                             "reward": total, "terminated": terminated, "truncated": truncated, "info": step_info}
+        if isinstance(step_info.get("user_usage"), dict):  # a simulated user's tokens, apart from the agent's
+            self.last_verify["user_usage"] = step_info["user_usage"]
         verdict_info(self.last_verify, info)
         info["reward"] = total  # the episode's return; the step's own reward is the step result's
 
