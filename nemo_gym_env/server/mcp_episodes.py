@@ -8,6 +8,11 @@ moves score the same reward over MCP as through ``gym.make``. Every call is boun
 and an episode's recorded items by ``max_trajectory_bytes``: a call whose arguments would pass it
 is refused before it runs, an output that would pass it is kept (and returned) cut to what fits,
 with a note, so the episode's ``/verify`` body always fits the server's body limit and scores.
+
+A Gymnasium-protocol server (``gymnasium=True``) is played the same way through its own routes:
+``/reset`` starts the episode, and each tool call, or each message (:meth:`EpisodeRunner.say`: to a
+conversational server's simulated user), is one ``/step`` whose reply is the tool's output, or the
+next observation, with the step's reward and whether the episode ended.
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ class McpEpisode:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     nbytes: int = 0
     """Bytes of the recorded arguments and outputs (bounded by the runner's ``max_trajectory_bytes``)."""
+    observation: str | None = None
+    """A Gymnasium-protocol episode's latest observation (the first: ``/reset``'s)."""
+    ended: bool = False
+    """A Gymnasium-protocol episode that its server ended (terminated or truncated)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ class ToolReply:
     text: str
     status: int
     step_reward: float | None
+    step: dict[str, Any] | None = None
+    """A Gymnasium-protocol server's whole ``/step`` reply (its reward, flags, info)."""
 
 
 class EpisodeRunner:
@@ -88,7 +99,8 @@ class EpisodeRunner:
     """
 
     def __init__(self, app: Any, label: str, *, call_timeout_s: float = 60.0, verify_timeout_s: float = 300.0,
-                 max_trajectory_bytes: int = 16 * 1024 * 1024):
+                 max_trajectory_bytes: int = 16 * 1024 * 1024, gymnasium: bool = False):
+        self.gymnasium = gymnasium
         self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.label = label
         self.call_timeout_s = call_timeout_s
@@ -115,10 +127,13 @@ class EpisodeRunner:
             McpError: the server refused the row or did not answer in time.
         """
         episode = McpEpisode(new_token(), row, task_index, self.new_client())
-        reply = await self._post(episode.client, "/seed_session", json.dumps(row).encode(), self.call_timeout_s)
+        route = "/reset" if self.gymnasium else "/seed_session"
+        reply = await self._post(episode.client, route, json.dumps(row).encode(), self.call_timeout_s)
         if reply.status_code >= 400:
             await episode.client.aclose()
-            raise McpError(f"{self.label}: POST /seed_session answered {reply.status_code}: {reply.text[:500]}")
+            raise McpError(f"{self.label}: POST {route} answered {reply.status_code}: {reply.text[:500]}")
+        if self.gymnasium:
+            episode.observation = _json(reply).get("observation")
         return episode
 
     async def call(self, episode: McpEpisode, name: str, arguments: dict[str, Any]) -> ToolReply:
@@ -134,22 +149,66 @@ class EpisodeRunner:
                 raise McpError(f"{self.label}: this call's arguments ({size:,} bytes) would take the episode's "
                                f"trajectory past its cap of {_mib(cap)} ({episode.nbytes:,} bytes recorded); "
                                "nothing was called: end the episode with verify")
-            reply = await self._post(episode.client, f"/{name}", text.encode(), self.call_timeout_s)
-            output = reply.text
+            call_id = new_id("call")
+            call = {"type": "function_call", "call_id": call_id, "name": name, "arguments": text,
+                    "id": new_id("fc"), "status": "completed"}
+            step = None
+            if self.gymnasium:
+                reply, step = await self._step(episode, call)
+                outputs = [out for out in (step.get("info") or {}).get("tool_outputs") or []
+                           if isinstance(out, dict) and out.get("call_id") == call_id]
+                output = str(outputs[0].get("output")) if outputs else json.dumps(
+                    {k: step.get(k) for k in ("observation", "reward", "terminated", "truncated")})
+            else:
+                reply = await self._post(episode.client, f"/{name}", text.encode(), self.call_timeout_s)
+                output = reply.text
             room = cap - episode.nbytes - size
             if len(output.encode()) > room:
                 note = f"\n[cut: the episode's trajectory reached its cap of {_mib(cap)}; end it with verify]"
                 keep = max(0, room - len(note.encode()))
                 output = output.encode()[:keep].decode("utf-8", "ignore") + note
-            call_id = new_id("call")
-            episode.items.append({"type": "function_call", "call_id": call_id, "name": name, "arguments": text,
-                                  "id": new_id("fc"), "status": "completed"})
+            episode.items.append(call)
             episode.items.append({"type": "function_call_output", "call_id": call_id, "output": output})
             episode.nbytes += size + len(output.encode())
-            step_reward = _step_reward(reply)
+            step_reward = step["reward"] if step is not None else _step_reward(reply)
             if step_reward is not None:
                 episode.step_rewards.append(step_reward)
-            return ToolReply(output, reply.status_code, step_reward)
+            return ToolReply(output, reply.status_code, step_reward, step)
+
+    async def say(self, episode: McpEpisode, text: str) -> dict[str, Any]:
+        """A Gymnasium-protocol episode's turn that is a message (to a conversational server's user):
+        ``POST /step``; returns the reply (the next observation, the step's reward, the flags).
+
+        Raises:
+            McpError: the server answered an error (a failed user model: 502), or not in time.
+        """
+        async with episode.lock:
+            size = len(text.encode())
+            if episode.nbytes + size > self.max_trajectory_bytes:
+                raise McpError(f"{self.label}: this message ({size:,} bytes) would take the episode's trajectory "
+                               f"past its cap of {_mib(self.max_trajectory_bytes)}; nothing was sent")
+            message = {"type": "message", "role": "assistant", "id": new_id("msg"), "status": "completed",
+                       "content": [{"type": "output_text", "text": text, "annotations": []}]}
+            _, step = await self._step(episode, message)
+            episode.items.append(message)
+            episode.nbytes += size
+            episode.step_rewards.append(step["reward"])
+            return step
+
+    async def _step(self, episode: McpEpisode, item: dict[str, Any]) -> tuple[httpx.Response, dict[str, Any]]:
+        if episode.ended:
+            raise McpError(f"{self.label}: this episode has ended")
+        tools = list(episode.row.get("responses_create_params", {}).get("tools") or [])
+        response = make_response([item], tools=tools).model_dump(mode="json", exclude_none=True)
+        body = json.dumps({**episode.row, "response": response}, ensure_ascii=False).encode()
+        reply = await self._post(episode.client, "/step", body, self.call_timeout_s)
+        step = _json(reply)
+        reward = step.get("reward")
+        if reply.status_code >= 400 or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise McpError(f"{self.label}: POST /step answered {reply.status_code}: {reply.text[:500]}")
+        episode.observation = step.get("observation")
+        episode.ended = bool(step.get("terminated") or step.get("truncated"))
+        return reply, step
 
     def verify_body(self, episode: McpEpisode, answer: str) -> dict[str, Any]:
         """The ``/verify`` body of the episode ended by ``answer``: the row plus the whole episode."""
@@ -180,12 +239,20 @@ class EpisodeRunner:
     async def close(self, episode: McpEpisode, *, release: bool = True) -> None:
         """End the episode: ``POST /close_session`` (when ``release``; a failure there is not the caller's)."""
         try:
-            if release:
+            if release and not self.gymnasium:  # a Gymnasium-protocol server frees an episode's state when it ends
                 await self._post(episode.client, "/close_session", b"{}", self.call_timeout_s)
         except McpError:
             pass
         finally:
             await episode.client.aclose()
+
+
+def _json(reply: httpx.Response) -> dict[str, Any]:
+    try:
+        body = reply.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _mib(size: int) -> str:

@@ -22,6 +22,12 @@ How a client plays one episode:
 4. ``verify`` with ``{"answer": "..."}`` ends the episode (the final assistant message) and
    returns the ``/verify`` reply (``reward`` and the metrics); ``close_session`` ends it unscored.
 
+A Gymnasium-protocol server (``/reset``, ``/step``; a conversational server of
+:mod:`nemo_gym_env.conversation`) is exposed too: ``seed_session`` resets (its result holds the first
+observation, a conversation's opening request), each tool call is one ``/step``, and ``send_message``
+(listed instead of ``verify``) is a turn that speaks (to the simulated user): its result is the next
+observation, the step's reward and whether the episode ended, with the episode's info when it did.
+
 Episodes are kept in a :class:`~nemo_gym_env.server.sessions.SessionStore` with the server's own
 cap and idle TTL, so abandoned ones are reaped as the server's sessions are; an MCP session of the
 handshake protocol that ends (``DELETE``, or the SDK's idle timeout) closes its episode. Handshake
@@ -96,6 +102,14 @@ CLOSE_TOOL = Tool(
     input_schema={"type": "object", "additionalProperties": False, "properties": {}},
 )
 CLOSE_TOOL_NAME = CLOSE_TOOL.name
+SAY_TOOL = Tool(
+    name="send_message",
+    description="Say something to the user (a turn without a tool call). Returns the user's answer as `observation`, "
+    "the step's reward, and whether the episode ended.",
+    input_schema={"type": "object", "additionalProperties": False, "required": ["text"],
+                  "properties": {"text": {"type": "string", "description": "what you say"}}},
+)
+"""A Gymnasium-protocol server's turn that is a message (listed instead of ``verify``)."""
 
 
 def route_tools(app: FastAPI) -> list[Tool]:
@@ -151,8 +165,9 @@ def _result(payload: dict[str, Any], *, error: bool = False) -> CallToolResult:
 class McpExposure:
     """The ``/mcp`` endpoint of one server; see the module docstring."""
 
-    def __init__(self, server: Any, app: FastAPI):
+    def __init__(self, server: Any, app: FastAPI, *, gymnasium: bool = False):
         config = server.config
+        self.gymnasium = gymnasium
         self.server = server
         self.label = f"{type(server).__name__} ({config.name})"
         self.app = app
@@ -160,7 +175,8 @@ class McpExposure:
         self.episodes: SessionStore[McpEpisode] = SessionStore(config.max_sessions, config.session_ttl_s)
         self.bound: SessionStore[str] = SessionStore(config.max_sessions, config.session_ttl_s)
         self.runner = EpisodeRunner(app, self.label, call_timeout_s=config.mcp_call_timeout_s,
-                                    max_trajectory_bytes=config.mcp_max_trajectory_bytes or config.max_body_bytes // 2)
+                                    max_trajectory_bytes=config.mcp_max_trajectory_bytes or config.max_body_bytes // 2,
+                                    gymnasium=gymnasium)
         self._route_tools: list[Tool] | None = None
         self.mcp = Server(config.name or type(server).__name__, on_list_tools=self.list_tools,
                           on_call_tool=self.call_tool)
@@ -307,6 +323,9 @@ class McpExposure:
         harness's ``seed_session`` and ``close_session``: every tool a call may name is always listed, so a
         client can validate each call's result whatever the episode's state when it refreshes its list."""
         episode = self._episode(ctx.request, required=False)
+        if self.gymnasium:
+            tools = row_tools(episode.row) if episode is not None else []
+            return ListToolsResult(tools=[*tools, SAY_TOOL, SEED_TOOL, CLOSE_TOOL])
         if episode is not None:
             tools = row_tools(episode.row)
         else:
@@ -322,6 +341,8 @@ class McpExposure:
             return await self._seed(ctx.request, arguments)
         episode = self._episode(ctx.request, required=True)
         assert episode is not None
+        if self.gymnasium and name in (VERIFY_TOOL.name, SAY_TOOL.name):
+            return await self._say(ctx.request, episode, arguments, name)
         if name == VERIFY_TOOL.name:
             return await self._verify(ctx.request, episode, arguments)
         if name == CLOSE_TOOL_NAME:
@@ -336,6 +357,9 @@ class McpExposure:
             return CallToolResult(content=[TextContent(type="text", text=json.dumps({"error": str(exc)}))],
                                   is_error=True)
         meta = {STEP_REWARD_META: reply.step_reward} if reply.step_reward is not None else None
+        if episode.ended:  # a Gymnasium-protocol server ended the episode at this call
+            self._forget(ctx.request, episode)
+            await self.runner.close(episode, release=False)
         return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.status >= 400,
                               _meta=meta)
 
@@ -353,9 +377,11 @@ class McpExposure:
         self.add_episode(episode)
         if mcp_session and not has_token:
             self.bound[mcp_session] = episode.token
-        return _result({"task_index": index, "input": input_items(row),
-                        "tools": [t.name for t in row_tools(row)], "session_token": episode.token,
-                        "headers": {SESSION_TOKEN_HEADER: episode.token}})
+        result = {"task_index": index, "input": input_items(row), "tools": [t.name for t in row_tools(row)],
+                  "session_token": episode.token, "headers": {SESSION_TOKEN_HEADER: episode.token}}
+        if self.gymnasium:
+            result.update(observation=episode.observation, tools=[*result["tools"], SAY_TOOL.name])
+        return _result(result)
 
     def _task_of(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         unknown = sorted(set(arguments) - {"task_index", "row"})
@@ -400,6 +426,29 @@ class McpExposure:
             shown["step_rewards"] = episode.step_rewards
         return _result(shown)
 
+    async def _say(self, request: Request | None, episode: McpEpisode, arguments: dict[str, Any],
+                   name: str) -> CallToolResult:
+        if name == VERIFY_TOOL.name:
+            raise _fault(f"{self.label}: a Gymnasium-protocol server rewards each step and has no verify: speak "
+                         "with send_message; the episode ends when the server ends it", INVALID_PARAMS)
+        text = arguments.get("text")
+        if not isinstance(text, str) or set(arguments) - {"text"}:
+            raise _fault(f"{self.label}: send_message takes {{\"text\": string}}", INVALID_PARAMS)
+        try:
+            step = await self.runner.say(episode, text)
+        except McpError as exc:
+            if episode.ended or "answered 5" in str(exc):  # the episode cannot go on (its user failed)
+                self._forget(request, episode)
+                await self.runner.close(episode, release=False)
+            return _result({"error": str(exc)}, error=True)
+        shown = {key: step.get(key) for key in ("observation", "reward", "terminated", "truncated")}
+        if episode.ended:
+            shown["info"] = step.get("info") or {}
+            shown["step_rewards"] = episode.step_rewards
+            self._forget(request, episode)
+            await self.runner.close(episode, release=False)
+        return _result(shown)
+
     def _forget(self, request: Request | None, episode: McpEpisode) -> None:
         self.episodes.pop(episode.token, None)
         mcp_session = request.headers.get(_MCP_SESSION_HEADER) if request is not None else None
@@ -421,13 +470,15 @@ def expose_over_mcp(server: Any, app: FastAPI) -> McpExposure:
     """Serve ``server``'s tools at ``/mcp`` on ``app`` (called by ``build_app`` when the config asks).
 
     Raises:
-        ConfigError: the server does not speak the tools protocol (``/seed_session``, tools, ``/verify``).
+        ConfigError: the server speaks neither the tools protocol (``/seed_session``, tools, ``/verify``) nor the
+            Gymnasium protocol (``/reset``, ``/step``).
     """
     posts = {route.path for route in app.routes if isinstance(route, APIRoute) and "POST" in route.methods}
-    if not {"/seed_session", "/verify"} <= posts:
+    gymnasium = {"/reset", "/step"} <= posts and "/verify" not in posts
+    if not gymnasium and not {"/seed_session", "/verify"} <= posts:
         raise ConfigError(f"{type(server).__name__} ({server.config.name}): expose_tools_over_mcp serves the tools "
-                          "protocol (/seed_session, tools, /verify), which this server does not speak (a Gymnasium-"
-                          "protocol server: /reset, /step); serve it without --mcp")
-    exposure = McpExposure(server, app)
+                          "protocol (/seed_session, tools, /verify) or the Gymnasium protocol (/reset, /step), and "
+                          "this server speaks neither; serve it without --mcp")
+    exposure = McpExposure(server, app, gymnasium=gymnasium)
     exposure.install()
     return exposure

@@ -286,12 +286,70 @@ def test_abandoned_and_evicted_episodes_are_reaped():
         stop_serve(proc)
 
 
-def test_a_gymnasium_protocol_server_refuses_mcp_clearly():
+def test_a_conversation_is_played_over_mcp_as_through_gym_make():
+    """A Gymnasium-protocol server over MCP (retail_support): each tool call and each message to the simulated
+    customer is one /step; the customer's answers, the end and the reward are the ones gym.make gives."""
+    server = "retail_support"
+    row = example_rows(server)[1]  # an exchange: the longest conversation
+    proc, urls = start_serve(server, "--mcp")
+    try:
+        env = gym.make(f"NemoGym/{server}-v0", base_url=urls[server], dataset=str(bundled_dataset(server)))
+        env.reset(options={"task_index": 1})
+        history, heard = [], []
+        for _ in range(20):
+            observation, _, terminated, _, info = env.step(scripted(server)(row, history))
+            history.extend(observation)
+            heard += [item["content"] for item in observation if item.get("role") == "user"]
+            if terminated:
+                break
+        env.close()
+        assert env.unwrapped.last_verify["reward"] == 1.0 and len(heard) >= 2
+
+        async def over_mcp() -> tuple[dict, list[str], list[str]]:
+            async with Client(urls[server] + "/mcp", mode="legacy") as client:
+                listed = [t.name for t in (await client.list_tools()).tools]
+                assert listed == ["send_message", "seed_session", "close_session"]  # no verify: steps are scored
+                seeded = (await client.call_tool("seed_session", {"task_index": 1})).structured_content
+                assert seeded["observation"] == row["user"]["opening"] and seeded["tools"][-1] == "send_message"
+                tools = [t.name for t in (await client.list_tools()).tools]
+                assert tools == [*(t["name"] for t in row["responses_create_params"]["tools"]), "send_message",
+                                 "seed_session", "close_session"]
+                with pytest.raises(MCPError, match="has no verify"):
+                    await client.call_tool("verify", {"answer": "done"})
+                steps: list[dict[str, Any]] = []
+                said: list[str] = []
+                for _ in range(20):
+                    action = scripted(server)(row, steps)
+                    if action[0]["type"] == "function_call":
+                        result = await client.call_tool(action[0]["name"], json.loads(action[0]["arguments"]))
+                        assert not result.is_error
+                        steps.append({"type": "function_call_output", "call_id": "c", "output": result.content[0].text})
+                        continue
+                    step = (await client.call_tool("send_message", {"text": final_answer(action)})).structured_content
+                    if step["terminated"]:
+                        return step, said, tools
+                    said.append(step["observation"])
+                    steps.append({"type": "message", "role": "user", "content": step["observation"]})
+                raise AssertionError("the conversation did not end")
+
+        last, said, _ = asyncio.run(over_mcp())
+        assert said == heard  # the customer answered the same words
+        assert last["reward"] == 1.0 and last["info"]["state"] == 1.0 and last["info"]["ended_by"] == "user"
+        assert last["step_rewards"][-1] == 1.0
+    finally:
+        stop_serve(proc)
+
+
+def test_a_server_of_neither_protocol_refuses_mcp_clearly():
+    from fastapi import FastAPI
+
     from nemo_gym_env.errors import ConfigError
+    from nemo_gym_env.server.mcp_expose import expose_over_mcp
     from nemo_gym_env.servers.guess_number.app import GuessNumberServer
 
-    with pytest.raises(ConfigError, match="does not speak .*serve it without --mcp"):
-        GuessNumberServer.from_config({"expose_tools_over_mcp": True}).build_app()
+    server = GuessNumberServer.from_config({})
+    with pytest.raises(ConfigError, match="speaks neither; serve it without --mcp"):
+        expose_over_mcp(server, FastAPI())
 
 
 def _initialize(url: str) -> httpx.Response:

@@ -215,3 +215,30 @@ def test_prompt_without_its_task_is_found_by_its_messages(tokenizer, secret_serv
         with pytest.raises(ValueError, match="tasks_dataset"):
             rollout.rollout([[{"role": "user", "content": "unknown"}]], Scripted(tokenizer, [["x"]]),
                             tokenizer=tokenizer, max_completion_length=32)
+
+
+def test_a_simulated_users_messages_are_environment_tokens(tokenizer):
+    """A conversational server: the customer's messages come back as environment tokens (env_mask 0),
+    between the agent's own turns, and the episode is scored when the customer ends it."""
+    from nemo_gym_env.protocol.parser import render_tool_call
+    from nemo_gym_env.servers.retail_support.scripted import script
+
+    rows = env_rows("NemoGym/retail_support-v0")[:1]
+    turns = [(what[0] if kind == "say" else render_tool_call(*what)) + END for kind, *what in script(rows[0])]
+    with nemo_gym_rollout_func("NemoGym/retail_support-v0", dataset=rows, max_turns=12) as rollout:
+        out = rollout.rollout([tasks_dataset(rows)[0]["prompt"]], Scripted(tokenizer, [turns]), tokenizer=tokenizer,
+                              max_completion_length=2048)
+        verdict = rollout.last_rows[0].episode.last_verify
+    assert out["env_reward"] == [1.0] and out["truncated"] == [False] and out["num_turns"] == [len(turns)]
+    completion, mask = out["completion_ids"][0], out["env_mask"][0]
+    runs = spans(mask)
+    model = [tokenizer.decode(completion[start:end]) for value, start, end in runs if value == 1]
+    environment = [tokenizer.decode(completion[start:end]) for value, start, end in runs if value == 0]
+    assert model == turns  # every agent turn, and nothing else, is the model's
+    assert tokenizer.decode(out["prompt_ids"][0]).endswith(f"{rows[0]['user']['opening']}<|im_end|>\n<|im_start|>assistant\n")
+    said = verdict["info"]["conversation"]
+    replies = [line["text"] for line in said[1:-1] if line["role"] == "user"]  # the opening is the prompt's
+    assert len(replies) >= 2 and len(environment) == len(turns) - 1
+    for reply in replies:
+        assert sum(f"<|im_start|>user\n{reply}<|im_end|>" in span for span in environment) == 1
+    assert verdict["user_usage"] == {"input_tokens": 0, "output_tokens": 0}
