@@ -359,3 +359,31 @@ def test_a_played_episode_full_of_markup_never_runs(hostile_page, tmp_path):
         expect(page.locator("#transcript .item.role-assistant")).to_contain_text(HOSTILE[0])
         page.wait_for_load_state("networkidle")
         _assert_nothing_ran(page, page.dialogs)
+
+
+def test_a_conversation_shows_the_customers_turns_as_the_users(page, tmp_path, screenshot):
+    """retail_support's rows (the real rollouts command): the simulated customer's messages are user turns
+    between the agent's, and the verdict shows how the talk ended and the customer's last words."""
+    from playwright.sync_api import expect
+
+    from tests.cli.conftest import read_jsonl, run_cli
+
+    out = tmp_path / "talks.jsonl"
+    result = run_cli("rollouts", "retail_support", "--policy", "scripted", "--limit", "2", "-o", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(r for r in read_jsonl(out) if r["_ng_task_index"] == 0)
+    heard = [item["content"] for item in row["response"]["output"] if item.get("role") == "user"]
+    with running_cli("view", out.name, cwd=tmp_path) as viewer:
+        page.goto(viewer.url + "/")
+        expect(page.locator("#rollout-list tbody tr")).to_have_count(2)
+        page.locator("#rollout-list tbody tr", has_text="retail_support").first.click()
+        expect(page.locator("#rollout-title")).to_have_text("retail_support · task 0 · rollout 0")
+        said = page.locator(".item.message.role-user")
+        # The opening request (the prompt's last user message), then each answer of the customer.
+        expect(said.locator(".label").first).to_have_text("user")
+        for text in heard:
+            expect(said.filter(has_text=text)).to_have_count(1)
+        expect(page.locator(".item.message.role-assistant")).to_have_count(len(heard) + 1)
+        expect(page.locator("section.verify")).to_contain_text(row["info"]["user_said_last"])
+        screenshot(page, "viewer_conversation")
+        page.finish()
