@@ -7,6 +7,7 @@ server's start-up and those imports overlap (see :mod:`nemo_gym_env.envs.make`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -52,7 +53,8 @@ def resolve_server(
 
     ``server`` may be ``gymnasium:ENV_ID`` or ``textarena:GAME`` (:mod:`~nemo_gym_env.bridge.targets`),
     with ``hosted`` more keys of its config; its tasks are then ``num_tasks`` rows, one per seed
-    from 0. ``while_starting`` runs while a server this call starts boots (see
+    from 0. For a bundled name or a config, ``hosted`` (``gym.make``'s ``server_config``) overrides keys
+    of the server's config, in a server of its own (the plain one stays shared). ``while_starting`` runs while a server this call starts boots (see
     :func:`~nemo_gym_env.launch.shared.acquire_server`).
     """
     if base_url is None and server is not None and is_target(server):
@@ -70,8 +72,16 @@ def resolve_server(
         spec, default = bundled_spec(server), bundled_dataset(server)
     else:
         raise ValueError("give a bundled server name, a base_url, or config_paths")
+    if hosted:
+        spec = dataclasses.replace(spec, instance_name=_variant(spec.instance_name, hosted),
+                                   config={**spec.config, **hosted})
     process = acquire_server(spec, while_starting=while_starting)
     return ServerHandle(process.url, spec.instance_name, default, spec.instance_name)
+
+
+def _variant(instance: str, settings: dict[str, Any]) -> str:
+    """The instance name of a server started with ``settings`` over its config (its own shared server)."""
+    return instance + "_" + hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def _hosted(target: str, settings: dict[str, Any], num_tasks: int,
@@ -82,7 +92,7 @@ def _hosted(target: str, settings: dict[str, Any], num_tasks: int,
     ((instance, block),) = target_config(target, **settings).items()
     ((impl, config),) = block["resources_servers"].items()
     if settings:  # the shared server of the plain target must not serve this variant
-        instance += "_" + hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        instance = _variant(instance, settings)
     check_hosted(instance, config)
     rows = example_rows(config, num_tasks)
     process = acquire_server(ServerSpec(instance, "resources_servers", impl, config), while_starting=while_starting)

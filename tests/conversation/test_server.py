@@ -133,3 +133,19 @@ def test_a_score_outside_zero_to_one_is_a_server_error_not_a_reward():
         reply = client.post("/step", json={**row, "response": make_response([assistant_message("bye")]).model_dump(
             mode="json")})
         assert reply.status_code == 500 and "outside [0, 1]: state" in reply.text
+
+
+def test_gym_make_takes_the_user_from_server_config(endpoint):
+    """``server_config`` overrides the bundled server's YAML (here: a model plays the customer) in a server of its
+    own; the plain env keeps the scripted customer."""
+    user = {"user": "policy", "user_policy": {"kind": "openai", "model": "customer", "base_url": endpoint, "api": "chat"}}
+    modelled, plain = gym.make(f"NemoGym/{SERVER}-v0", server_config=user), gym.make(f"NemoGym/{SERVER}-v0")
+    try:
+        assert modelled.unwrapped.base_url != plain.unwrapped.base_url
+        for env in (modelled, plain):
+            env.reset(options={"task_index": 0})
+        heard = [env.step("What is your email?")[0][0]["content"] for env in (modelled, plain)]
+        assert heard[1] == plain.unwrapped.task["user"]["details"][0]["say"] and heard[0] != heard[1] and heard[0]
+    finally:
+        modelled.close()
+        plain.close()
