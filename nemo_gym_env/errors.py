@@ -20,7 +20,8 @@ Which side raises what:
   when its ``/verify`` reply judged nothing); below it, the transport's :class:`ConnectFailed`
   and :class:`TransportError`;
 - the server kit: :class:`SessionLostError` (answered ``410 Gone``), :class:`TaskTimeout` (and
-  :class:`TaskLost`), :class:`McpError` (an MCP call failed, either way);
+  :class:`TaskLost`), :class:`McpError` (an MCP call failed, either way); a conversational server's
+  :class:`ToolError` (a tool call it refuses) and :class:`UserFailure` (its simulated user could not answer);
 - configs, launching, the catalog: :class:`ConfigError`, :class:`LaunchError`,
   :class:`ServerCrashed`, :class:`UnknownServerError`, :class:`ScaffoldError`;
 - data and rollout files: :class:`DatasetError`, :class:`RolloutFileError`;
@@ -70,9 +71,11 @@ __all__ = [
     "Stopped",
     "TaskLost",
     "TaskTimeout",
+    "ToolError",
     "TransportError",
     "UnknownServerError",
     "UsageError",
+    "UserFailure",
     "VerifyFailed",
     "WorkersLost",
 ]
@@ -167,6 +170,15 @@ class TaskLost(TaskTimeout):
 
 
 # ---- configs, launching, the catalog ----------------------------------------------------------
+
+
+class ToolError(NemoGymError):
+    """A conversational server refuses a tool call (bad arguments, against its rules): the agent reads the message."""
+
+
+class UserFailure(NemoGymError, RuntimeError):
+    """A conversation's simulated user could not answer (its model failed, timed out or said nothing): the
+    episode fails, it is never rewarded."""
 
 
 class ConfigError(NemoGymError, ValueError):

@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING
 from nemo_gym_env.imports import lazy_exports
 
 if TYPE_CHECKING:
-    from nemo_gym_env.conversation.server import ConversationConfig, ConversationServer, ToolError
-    from nemo_gym_env.conversation.users import STOP, PolicyUser, ScriptedUser, Talk, UserDetail, UserFailure, UserSpec
+    from nemo_gym_env.conversation.server import ConversationConfig, ConversationServer
+    from nemo_gym_env.conversation.users import STOP, PolicyUser, ScriptedUser, Talk, UserDetail, UserSpec
+    from nemo_gym_env.errors import ToolError, UserFailure
 
 __all__ = ["STOP", "ConversationConfig", "ConversationServer", "PolicyUser", "ScriptedUser", "Talk", "ToolError",
            "UserDetail", "UserFailure", "UserSpec"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("ConversationConfig", "ConversationServer", "ToolError"), "nemo_gym_env.conversation.server"),
-    **dict.fromkeys(("STOP", "PolicyUser", "ScriptedUser", "Talk", "UserDetail", "UserFailure", "UserSpec"),
+    **dict.fromkeys(("ConversationConfig", "ConversationServer"), "nemo_gym_env.conversation.server"),
+    **dict.fromkeys(("STOP", "PolicyUser", "ScriptedUser", "Talk", "UserDetail", "UserSpec"),
                     "nemo_gym_env.conversation.users"),
+    **dict.fromkeys(("ToolError", "UserFailure"), "nemo_gym_env.errors"),
 })

@@ -46,19 +46,16 @@ from typing import Any, ClassVar, Literal
 from fastapi import HTTPException
 from pydantic import Field, PrivateAttr, ValidationError
 
-from nemo_gym_env.conversation.users import Talk, User, UserFailure, UserSpec, make_user
+from nemo_gym_env.conversation.users import Talk, User, UserSpec, make_user
+from nemo_gym_env.errors import ToolError, UserFailure
 from nemo_gym_env.protocol.types import Response
 from nemo_gym_env.server.base import BaseResourcesServerConfig
 from nemo_gym_env.server.gymnasium import GymnasiumServer, extract_text
 
-__all__ = ["ConversationConfig", "ConversationServer", "ToolError"]
+__all__ = ["ConversationConfig", "ConversationServer"]
 
 MAX_CALLS_A_TURN = 16
 """Tool calls answered in one agent turn; more are answered with an error each."""
-
-
-class ToolError(Exception):
-    """A tool call the server refuses (bad arguments, against the policy): the agent reads the message."""
 
 
 class ConversationConfig(BaseResourcesServerConfig):

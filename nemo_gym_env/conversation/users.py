@@ -34,7 +34,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["STOP", "PolicyUser", "ScriptedUser", "Talk", "User", "UserDetail", "UserFailure", "UserSpec",
+from nemo_gym_env.errors import UserFailure
+
+__all__ = ["STOP", "PolicyUser", "ScriptedUser", "Talk", "User", "UserDetail", "UserSpec",
            "make_user"]
 
 STOP = "###STOP###"
@@ -91,10 +93,6 @@ class Talk:
     def user_turns(self) -> int:
         """The user's messages after the opening request."""
         return sum(1 for line in self.said if line["role"] == "user") - 1
-
-
-class UserFailure(RuntimeError):
-    """The user could not answer (its model failed, timed out or said nothing): the episode fails."""
 
 
 class User:

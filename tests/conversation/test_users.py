@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from nemo_gym_env.conversation import users
-from nemo_gym_env.conversation.users import STOP, PolicyUser, ScriptedUser, Talk, UserDetail, UserFailure, UserSpec, make_user
+from nemo_gym_env.conversation.users import STOP, PolicyUser, ScriptedUser, Talk, UserDetail, UserSpec, make_user
+from nemo_gym_env.errors import UserFailure
 
 SPEC = UserSpec(opening="Hi, I want to cancel an order.", goal="Cancel order #W1.",
                 details=[UserDetail(asked_by=["email"], say="ana@example.com"),

@@ -31,7 +31,7 @@ def test_bundled_catalog():
     assert isinstance(err.value, KeyError)
 
 
-EVERY_SERVER = {"badge_lookup", "code_gen", "example_multi_step", "example_session_state_mgmt",
+EVERY_SERVER = {"badge_lookup", "code_gen", "example_multi_step", "example_session_state_mgmt", "retail_support",
                 "example_single_tool_call", "guess_number", "instruction_following", "math", "mcqa", "reasoning_gym",
                 "frozen_lake", "taxi", "blackjack", "cliff_walking", "textarena_tower_of_hanoi", "textarena_sudoku",
                 "textarena_guess_the_number", "textarena_tic_tac_toe", "git_history"}
