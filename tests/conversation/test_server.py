@@ -1,6 +1,7 @@
 """A conversational server through the paths a user has: ``gym.make``, the vector env, ``nemo-gym-env rollouts``
-(the scripted agent, a failing user model, the embedded model as the agent and as the user), and a score that
-is not a reward. The bundled ``retail_support`` is the server; the TRL route is in tests/adapters/trl/test_rollout.py,
+(the scripted agent, a failing user model), a model user from ``server_config``, and a score that is not a
+reward. The embedded model on both sides and a GRPO step are in tests/conversation/test_docs.py (the page's
+commands). The bundled ``retail_support`` is the server; the TRL route is in tests/adapters/trl/test_rollout.py,
 MCP in tests/server/test_mcp_expose.py, the viewer in tests/viewer/test_browser.py."""
 
 from __future__ import annotations
@@ -97,20 +98,6 @@ def test_a_user_model_that_fails_makes_failure_rows_never_rewards(tmp_path, endp
         assert failure["_ng_failure_class"] == "server_error" and "reward" not in failure
         assert "/step" in failure["failure_reason"] and "HTTP 502" in failure["failure_reason"]
         assert "user: the user model did not answer within 1 s" in failure["failure_reason"]
-
-
-@pytest.mark.slow
-def test_the_embedded_model_plays_the_agent_and_the_user(tmp_path):
-    out = tmp_path / "rows.jsonl"
-    result = run_cli("rollouts", SERVER, "--policy", "local", "--limit", "1", "--max-output-tokens", "24", "-o", str(out),
-                     f"{USER}.user=policy", f"{USER}.max_user_turns=2",
-                     f"{USER}.user_policy={{kind: local, max_new_tokens: 16}}", timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    [row] = read_jsonl(out)
-    said = row["info"]["conversation"]
-    assert row["info"]["ended_by"] in ("user", "turn_limit") and 0.0 <= row["reward"] <= 1.0
-    assert [line["role"] for line in said[:3]] == ["user", "agent", "user"] and all(line["text"] for line in said[1:])
-    assert row["user_usage"]["output_tokens"] > 0 and row["response"]["usage"]["output_tokens"] > 0
 
 
 class _Broken(ConversationServer):
