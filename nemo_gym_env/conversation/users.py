@@ -184,11 +184,11 @@ class PolicyUser(User):
         request = PolicyRequest(input=messages, history=[], sampling={"max_output_tokens": self.max_output_tokens})
         try:
             turn = await asyncio.wait_for(self._policy.generate(request), self.timeout_s)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise UserFailure(f"the user model did not answer within {self.timeout_s:g} s") from exc
         except UserFailure:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's model fails the episode
+        except Exception as exc:  # whatever the user's model raises fails the episode, never the server
             raise UserFailure(f"the user model failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
         talk.user_usage["input_tokens"] += int(turn.input_tokens or 0)
         talk.user_usage["output_tokens"] += int(turn.output_tokens or 0)

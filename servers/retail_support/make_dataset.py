@@ -33,13 +33,15 @@ from typing import Any
 from nemo_gym_env.protocol.dataset import write_rows
 from nemo_gym_env.servers.retail_support.store import POLICY, TOOLS
 
-__all__ = ["GOALS", "SPLITS", "make_dataset", "main"]
+__all__ = ["GOALS", "SPLITS", "main", "make_dataset"]
 
 GOALS = ("cancel", "exchange", "where")
 SPLITS = {"train": range(1000, 5000), "heldout": range(5000, 9000)}
 
-FIRST = "Ana Ben Chloe Dev Elena Farid Grace Hugo Ines Jonas Kira Luis Maya Nadia Omar Petra Rosa Sami".split()
-FAMILY = "Silva Okafor Tanaka Novak Haddad Mensah Rossi Nguyen Petrov Ibarra Dubois Costa Larsen Sato".split()
+FIRST = ["Ana", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Luis", "Maya",
+         "Nadia", "Omar", "Petra", "Rosa", "Sami"]
+FAMILY = ["Silva", "Okafor", "Tanaka", "Novak", "Haddad", "Mensah", "Rossi", "Nguyen", "Petrov", "Ibarra", "Dubois",
+          "Costa", "Larsen", "Sato"]
 CATALOG = [("Mug", ("blue", "red", "green"), 12.0), ("T-shirt", ("small", "medium", "large"), 20.0),
            ("Headphones", ("black", "white"), 80.0), ("Backpack", ("grey", "navy"), 45.0),
            ("Desk lamp", ("brass", "black"), 35.0), ("Water bottle", ("steel", "orange"), 18.0)]

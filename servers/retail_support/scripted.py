@@ -27,7 +27,7 @@ from typing import Any
 
 from nemo_gym_env.protocol.scripting import assistant_message, function_call
 
-__all__ = ["scripted_action", "script"]
+__all__ = ["script", "scripted_action"]
 
 
 def script(row: dict[str, Any], correct: bool = True) -> list[tuple[Any, ...]]:

@@ -11,7 +11,15 @@ import pytest
 from pydantic import ValidationError
 
 from nemo_gym_env.conversation import users
-from nemo_gym_env.conversation.users import STOP, PolicyUser, ScriptedUser, Talk, UserDetail, UserSpec, make_user
+from nemo_gym_env.conversation.users import (
+    STOP,
+    PolicyUser,
+    ScriptedUser,
+    Talk,
+    UserDetail,
+    UserSpec,
+    make_user,
+)
 from nemo_gym_env.errors import UserFailure
 
 SPEC = UserSpec(opening="Hi, I want to cancel an order.", goal="Cancel order #W1.",
@@ -34,7 +42,7 @@ def test_doctests():
 
 def test_the_scripted_user_reveals_when_asked_confirms_and_ends():
     talk, user = Talk(SPEC), ScriptedUser()
-    reply = lambda text: asyncio.run(user.reply(talk, text))  # noqa: E731
+    reply = lambda text: asyncio.run(user.reply(talk, text))
     assert reply("Hello!") == ("I want to cancel an order.", False)
     assert reply("Your email and order number, please?") == ("ana@example.com #W1", False)  # both asked, both given
     assert reply("Shall I cancel it?") == ("Yes, please go ahead.", False)

@@ -297,7 +297,7 @@ def test_a_conversation_is_played_over_mcp_as_through_gym_make():
         env.reset(options={"task_index": 1})
         history, heard = [], []
         for _ in range(20):
-            observation, _, terminated, _, info = env.step(scripted(server)(row, history))
+            observation, _, terminated, _, _ = env.step(scripted(server)(row, history))
             history.extend(observation)
             heard += [item["content"] for item in observation if item.get("role") == "user"]
             if terminated:

@@ -86,7 +86,7 @@ def test_the_store_enforces_its_rules_and_answers_bad_calls_in_words(client):
     row = ROWS[0]  # cancel a pending order
     order_id = row["goal"]["order_id"]
     client.post("/reset", json=row)
-    outputs = lambda reply: [json.loads(out["output"]) for out in reply["info"]["tool_outputs"]]  # noqa: E731
+    outputs = lambda reply: [json.loads(out["output"]) for out in reply["info"]["tool_outputs"]]
     assert "identify the customer first" in outputs(step(client, row, [call("cancel_order", {"order_id": order_id})]))[0]["error"]
     email = row["store"]["customers"][row["goal"]["customer_id"]]["email"]
     step(client, row, [call("find_customer_by_email", {"email": email.upper()})])
