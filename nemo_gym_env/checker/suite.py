@@ -11,7 +11,8 @@ protocol            the routes of one protocol are there
 session_cookie      starting an episode answers a JSON object and sets a session cookie
 isolation           two sessions played interleaved on the example rows answer as each alone, with
                     distinct cookies
-tools               every tool is a valid OpenAI function definition (``/openapi.json``)
+tools               every tool is a valid OpenAI function definition (``/openapi.json``; the rows' tools
+                    of a Gymnasium-protocol server)
 end_empty           ``/verify`` (``/step``) of an empty trajectory: 200 and a finite reward that judges the
                     episode (no verifier failure: a ``failure_kind`` of the verifier's own, a
                     ``failure_reason`` that is an exception, ``mask_sample``; a trainer masks those)
@@ -43,7 +44,7 @@ from typing import Any
 
 from nemo_gym_env.checker.probes import Answer, Prober, percentiles
 from nemo_gym_env.checker.report import Report
-from nemo_gym_env.checker.schemas import function_definitions
+from nemo_gym_env.checker.schemas import function_definitions, schema_problems
 from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.types import make_response
 
@@ -72,6 +73,17 @@ class CheckSettings:
 def _message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "assistant", "id": f"msg_{uuid.uuid4().hex[:8]}", "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _row_tools(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every distinct function tool the rows offer (by name, the first row's definition)."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        params = row.get("responses_create_params") if isinstance(row, dict) else None
+        for spec in (params.get("tools") if isinstance(params, dict) else None) or []:
+            if isinstance(spec, dict) and spec.get("type", "function") == "function" and spec.get("name"):
+                found.setdefault(str(spec["name"]), spec)
+    return list(found.values())
 
 
 def _wrong_items() -> list[dict[str, Any]]:
@@ -204,8 +216,16 @@ class _Run:
         return 2 if self.gymnasium else 1
 
     async def tools(self) -> None:
-        if self.gymnasium:
-            self.report.add("tools", "skip", "a Gymnasium-protocol server has no tools")
+        if self.gymnasium:  # its tools (a conversational server's) are the rows' own; /step answers them
+            found = [(spec, schema_problems(str(spec.get("name")), spec.get("parameters")))
+                     for spec in _row_tools(self.rows)]
+            if not found:
+                self.report.add("tools", "skip", "a Gymnasium-protocol server whose rows offer no tools")
+            elif any(problems for _, problems in found):
+                self.report.add("tools", "fail", "; ".join(f"{d.get('name')}: {', '.join(p)}" for d, p in found if p))
+            else:
+                self.report.add("tools", "pass", f"the rows offer {len(found)} valid function definition(s): "
+                                                 f"{', '.join(str(d['name']) for d, _ in found)}")
             return
         # FastAPI builds the document on its first request: seconds of CPU for a server with many models.
         answer = await self.probe.get("/openapi.json", timeout_s=max(3 * self.settings.timeout_s, 30.0))

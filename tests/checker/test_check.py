@@ -74,6 +74,9 @@ def test_every_bundled_server_passes():
             assert statuses[must] == "pass", (report["target"], must, report["checks"])
         if report["protocol"] == "resources":
             assert statuses["session_contract"] == "pass" and statuses["tools"] == "pass", report["target"]
+        if report["target"].startswith("retail_support"):  # a Gymnasium-protocol server whose rows offer tools
+            tools = next(c for c in report["checks"] if c["name"] == "tools")
+            assert tools["status"] == "pass" and "6 valid function definition(s)" in tools["evidence"], tools
     # docs/bring_your_env.md names the servers whose unknown_session warns (stateless verify); every other passes.
     doc = (Path(__file__).resolve().parents[2] / "docs" / "bring_your_env.md").read_text()
     listed = doc.split("safe: a forged cookie", 1)[1].split("They\nare:", 1)[1].split(". Every server", 1)[0]
@@ -81,6 +84,18 @@ def test_every_bundled_server_passes():
     warns = {r["target"].split(" ")[0] for r in reports for c in r["checks"] if c["name"] == "unknown_session" and c["status"] == "warn"}
     assert warns == said, (sorted(warns), sorted(said))
     assert all(c["status"] in ("pass", "warn") for r in reports for c in r["checks"] if c["name"] == "unknown_session")
+
+
+def test_a_gymnasium_server_whose_rows_offer_a_broken_tool_fails_the_tools_check(tmp_path):
+    from nemo_gym_env.launch.catalog import bundled_dataset
+
+    row = json.loads(bundled_dataset("retail_support").read_text().splitlines()[0])
+    row["responses_create_params"]["tools"][0]["parameters"] = {"type": "array"}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    done = run_cli("check", "retail_support", "--input", str(rows), "--json", timeout=600)
+    tools = next(c for c in checks_of(done.stdout) if c["name"] == "tools")
+    assert done.returncode == 1 and tools["status"] == "fail" and "find_customer_by_email" in tools["evidence"], tools
 
 
 def test_the_table_names_every_check_and_a_hosted_env_checks_too():
