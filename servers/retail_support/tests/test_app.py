@@ -142,3 +142,16 @@ def test_train_and_heldout_never_share_a_customer():
     assert emails["train"] and not emails["train"] & emails["heldout"]
     with pytest.raises(ValueError, match="split"):
         make_dataset(1, split="test")
+
+
+def test_an_oversized_agent_message_is_answered_and_kept_bounded(client):
+    row = ROWS[0]
+    client.post("/reset", json=row)
+    huge = "What is your email? " + "blah " * 400_000  # 2 MB of text in one turn
+    reply = step(client, row, [assistant_message(huge)])
+    assert reply["observation"] == row["user"]["details"][0]["say"]
+    for text in ("Which order number?", "Shall I cancel it?"):
+        step(client, row, [assistant_message(text)])
+    last = step(client, row, [assistant_message("It has been cancelled.")])
+    said = last["info"]["conversation"]
+    assert last["terminated"] and max(len(line["text"]) for line in said) <= 4000
