@@ -118,12 +118,17 @@ def find_product(session: Session, arguments: dict[str, Any]) -> Any:
     return {"products": found[:20]}
 
 
-def cancel_order(session: Session, arguments: dict[str, Any]) -> Any:
+def _move(session: Session, arguments: dict[str, Any], before: str, after: Status) -> Any:
+    """Move an order from status ``before`` to ``after`` (refused from any other status)."""
     order_id, order = _order(session, arguments)
-    if order.status != "pending":
-        raise ToolError(f"order {order_id} is {order.status}: only a pending order can be cancelled")
-    order.status = "cancelled"
+    if order.status != before:
+        raise ToolError(f"order {order_id} is {order.status}: only a {before} order can be {after}")
+    order.status = after
     return _order_view(order_id, order, session.store)
+
+
+def cancel_order(session: Session, arguments: dict[str, Any]) -> Any:
+    return _move(session, arguments, "pending", "cancelled")
 
 
 def exchange_item(session: Session, arguments: dict[str, Any]) -> Any:
@@ -146,11 +151,7 @@ def exchange_item(session: Session, arguments: dict[str, Any]) -> Any:
 
 
 def refund_order(session: Session, arguments: dict[str, Any]) -> Any:
-    order_id, order = _order(session, arguments)
-    if order.status != "delivered":
-        raise ToolError(f"order {order_id} is {order.status}: only a delivered order can be refunded")
-    order.status = "refunded"
-    return _order_view(order_id, order, session.store)
+    return _move(session, arguments, "delivered", "refunded")
 
 
 _TOOLS = {fn.__name__: fn for fn in (find_customer_by_email, get_order, find_product, cancel_order, exchange_item,
