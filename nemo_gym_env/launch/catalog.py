@@ -10,6 +10,10 @@ A bundled server is a folder of the installed ``nemo_gym_env.servers`` package h
     rows = bundled_dataset("example_multi_step")
 
 Paths come from the installed package (editable install or wheel), not from a checkout.
+
+Servers that other installed packages declare under the ``nemo_gym_env.servers`` entry-point group
+(:mod:`nemo_gym_env.system.plugins`) are names here too, after the bundled ones: everything that takes
+a bundled name (``gym.make``, ``serve``, ``rollouts``, ``check``, the trainer recipes) takes theirs.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from pathlib import Path
 
 from nemo_gym_env.errors import ConfigError, UnknownServerError
 from nemo_gym_env.launch.config import ServerSpec, load_config, server_specs
+from nemo_gym_env.system.plugins import BUNDLED_PACKAGE, plugin_servers
 
 __all__ = ["SERVERS_PACKAGE", "UnknownServerError", "bundled_config_path", "bundled_dataset", "bundled_servers",
            "bundled_spec", "missing_extra", "missing_program"]
 
-SERVERS_PACKAGE = "nemo_gym_env.servers"
+SERVERS_PACKAGE = BUNDLED_PACKAGE
 """Import name of the package holding the bundled server folders."""
 
 
@@ -44,7 +49,8 @@ def _package_dirs() -> list[Path]:
 
 
 def bundled_servers() -> dict[str, Path]:
-    """Name -> folder of every bundled server (folders with ``app.py`` and ``configs/<name>.yaml``)."""
+    """Name -> folder of every bundled server (folders with ``app.py`` and ``configs/<name>.yaml``), then of
+    every server an installed package declares (a plugin: see the module docstring)."""
     found: dict[str, Path] = {}
     for root in _package_dirs():
         for folder in sorted(root.iterdir()):
@@ -56,6 +62,8 @@ def bundled_servers() -> dict[str, Path]:
                 and (folder / "configs" / f"{name}.yaml").is_file()
             ):
                 found[name] = folder
+    for name, plugin in plugin_servers().items():
+        found.setdefault(name, plugin.folder)
     return found
 
 
@@ -63,7 +71,7 @@ def _folder(name: str) -> Path:
     servers = bundled_servers()
     if name not in servers:
         available = ", ".join(sorted(servers)) or "none (is the package installed?)"
-        raise UnknownServerError(f"no bundled server named {name!r}; available: {available}")
+        raise UnknownServerError(f"no bundled server (or installed server plugin) named {name!r}; available: {available}")
     return servers[name]
 
 

@@ -12,20 +12,26 @@ from typing import Any
 
 from nemo_gym_env.policies.base import Policy, PolicyRequest, PolicyTurn
 from nemo_gym_env.protocol.scripting import play_turn
+from nemo_gym_env.system.plugins import plugin_servers
 
 __all__ = ["ScriptedPolicy", "scripted_player"]
 
 
 def scripted_player(server: str) -> Callable[..., list[dict[str, Any]]]:
-    """The bundled server's ``scripted_action(row, history, correct=...)`` function.
+    """The bundled server's ``scripted_action(row, history, correct=...)`` function (a server plugin's:
+    ``scripted.py`` in its package).
 
     A player with an ``observations`` parameter also gets the text of every user message so far
     (a hosted env's observations), the latest last.
     """
+    plugin = plugin_servers().get(server)
+    package = plugin.module if plugin is not None else f"nemo_gym_env.servers.{server}"
     try:
-        module = importlib.import_module(f"nemo_gym_env.servers.{server}.scripted")
+        module = importlib.import_module(f"{package}.scripted")
     except ModuleNotFoundError as exc:
-        raise KeyError(f"bundled server {server!r} has no scripted player (servers/{server}/scripted.py)") from exc
+        if exc.name != f"{package}.scripted" and not f"{package}.scripted".startswith(f"{exc.name}."):
+            raise  # the player itself imports something missing: say that, not that it has none
+        raise KeyError(f"server {server!r} has no scripted player ({package}.scripted)") from exc
     return module.scripted_action
 
 
