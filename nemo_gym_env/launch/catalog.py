@@ -71,7 +71,7 @@ def _folder(name: str) -> Path:
     servers = bundled_servers()
     if name not in servers:
         available = ", ".join(sorted(servers)) or "none (is the package installed?)"
-        raise UnknownServerError(f"no bundled server (or installed server plugin) named {name!r}; available: {available}")
+        raise UnknownServerError(f"no bundled server named {name!r}; available: {available}")
     return servers[name]
 
 

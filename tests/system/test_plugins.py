@@ -44,6 +44,7 @@ include = ["echo_plugin*"]
 
 SCRIPTED = '''
 import json
+import re
 
 from nemo_gym_env.protocol.scripting import assistant_message, function_call
 
@@ -52,7 +53,7 @@ def scripted_action(row, history, *, correct=True):
     """Add with the tool, then answer the sum (a wrong one with correct=False)."""
     if not history:
         question = row["responses_create_params"]["input"][-1]["content"]
-        a, b = (int(word.strip("?")) for word in question.split() if word.strip("?").isdigit())
+        a, b = (int(number) for number in re.findall(r"-?\\d+", question))
         return [function_call(0, 0, "add", {"a": a, "b": b})]
     total = json.loads(history[-1]["output"])["sum"]
     return [assistant_message(str(total if correct else total + 1))]
@@ -90,7 +91,7 @@ def _skipped(stderr: str) -> list[str]:
 
 
 BROKEN = ("nemo-gym-env: skipping the server plugin 'broken_env' (no_such_package.env from echo-plugin): "
-          "no module named 'no_such_package.env' is installed")
+          "it does not import (ModuleNotFoundError: No module named 'no_such_package')")
 
 
 def test_rollouts_and_check_take_the_plugins_name_and_name_the_broken_one(installed, tmp_path):
@@ -142,10 +143,11 @@ def test_a_plugins_layout_problem_is_one_line_and_a_bundled_name_stays_bundled(t
     dist = tmp_path / "odd_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[nemo_gym_env.servers]\nmath = odd_plugin.math\nnot_a_folder = json\n"
+    (dist / "entry_points.txt").write_text("[nemo_gym_env.servers]\nmath = odd_plugin.math\nnot_a_folder = lonely\n"
                                            "half = odd_plugin.half\nbad-name = odd_plugin.half\n")
     (tmp_path / "odd_plugin" / "half").mkdir(parents=True)
     (tmp_path / "odd_plugin" / "half" / "app.py").write_text("")
+    (tmp_path / "lonely.py").write_text("")
     code = textwrap.dedent("""
         import json
         from nemo_gym_env.launch.catalog import bundled_servers
@@ -155,14 +157,15 @@ def test_a_plugins_layout_problem_is_one_line_and_a_bundled_name_stays_bundled(t
     env = {**cli_env(), "PYTHONPATH": f"{tmp_path}:{cli_env()['PYTHONPATH']}"}
     done = _run([sys.executable, "-c", code], env, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert list(json.loads(done.stdout)) == ["math"] and "nemo_gym_env" in json.loads(done.stdout)["math"]
+    found = json.loads(done.stdout)
+    assert list(found) == ["math"] and not found["math"].startswith(str(tmp_path))  # the bundled math, kept
     assert sorted(_skipped(done.stderr)) == sorted([
-        "nemo-gym-env: skipping the server plugin 'bad-name' (odd_plugin.half from odd-plugin): its name is not "
-        "letters, digits and underscores",
-        f"nemo-gym-env: skipping the server plugin 'half' (odd_plugin.half from odd-plugin): {tmp_path}/odd_plugin/half "
-        "lacks configs/half.yaml",
-        "nemo-gym-env: skipping the server plugin 'math' (odd_plugin.math from odd-plugin): a bundled server has "
-        "that name",
-        "nemo-gym-env: skipping the server plugin 'not_a_folder' (json from odd-plugin): it is a module, not a "
-        "server package (a folder)",
+        ("nemo-gym-env: skipping the server plugin 'bad-name' (odd_plugin.half from odd-plugin): its name is not "
+        "letters, digits and underscores"),
+        (f"nemo-gym-env: skipping the server plugin 'half' (odd_plugin.half from odd-plugin): {tmp_path}/odd_plugin/half "
+        "lacks configs/half.yaml"),
+        ("nemo-gym-env: skipping the server plugin 'math' (odd_plugin.math from odd-plugin): a bundled server has "
+        "that name"),
+        ("nemo-gym-env: skipping the server plugin 'not_a_folder' (lonely from odd-plugin): it is a module, not a "
+        "server package (a folder)"),
     ])
