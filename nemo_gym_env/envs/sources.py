@@ -54,8 +54,8 @@ def resolve_server(
     ``server`` may be ``gymnasium:ENV_ID`` or ``textarena:GAME`` (:mod:`~nemo_gym_env.bridge.targets`),
     with ``hosted`` more keys of its config; its tasks are then ``num_tasks`` rows, one per seed
     from 0. For a bundled name or a config, ``hosted`` (``gym.make``'s ``server_config``) overrides keys
-    of the server's config, in a server of its own (the plain one stays shared). ``while_starting`` runs while a server this call starts boots (see
-    :func:`~nemo_gym_env.launch.shared.acquire_server`).
+    of the server's config, in a server of its own (the plain one stays shared). ``while_starting``
+    runs while a server this call starts boots (see :func:`~nemo_gym_env.launch.shared.acquire_server`).
     """
     if base_url is None and server is not None and is_target(server):
         return _hosted(server, hosted or {}, num_tasks, while_starting)

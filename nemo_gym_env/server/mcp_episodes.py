@@ -205,6 +205,7 @@ class EpisodeRunner:
         step = _json(reply)
         reward = step.get("reward")
         if reply.status_code >= 400 or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            episode.ended = reply.status_code >= 500  # the server failed the step (its user model, say): no going on
             raise McpError(f"{self.label}: POST /step answered {reply.status_code}: {reply.text[:500]}")
         episode.observation = step.get("observation")
         episode.ended = bool(step.get("terminated") or step.get("truncated"))

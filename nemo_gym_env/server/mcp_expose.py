@@ -354,6 +354,9 @@ class McpExposure:
         try:
             reply = await self.runner.call(episode, name, arguments)
         except McpError as exc:
+            if episode.ended:  # a Gymnasium-protocol server failed the step: the episode cannot go on
+                self._forget(ctx.request, episode)
+                await self.runner.close(episode, release=False)
             return CallToolResult(content=[TextContent(type="text", text=json.dumps({"error": str(exc)}))],
                                   is_error=True)
         meta = {STEP_REWARD_META: reply.step_reward} if reply.step_reward is not None else None
@@ -437,7 +440,7 @@ class McpExposure:
         try:
             step = await self.runner.say(episode, text)
         except McpError as exc:
-            if episode.ended or "answered 5" in str(exc):  # the episode cannot go on (its user failed)
+            if episode.ended:  # the episode cannot go on (the server failed the step: its user model, say)
                 self._forget(request, episode)
                 await self.runner.close(episode, release=False)
             return _result({"error": str(exc)}, error=True)

@@ -340,6 +340,28 @@ def test_a_conversation_is_played_over_mcp_as_through_gym_make():
         stop_serve(proc)
 
 
+def test_a_failing_user_model_over_mcp_is_an_error_and_ends_the_episode():
+    from tests.fixtures.openai_server import running_server
+
+    server = "retail_support"
+    key = f"++{server}.resources_servers.{server}"
+    with running_server() as endpoint:
+        proc, urls = start_serve(server, "--mcp", f"{key}.user=policy", f"{key}.user_timeout_s=1",
+                                 f"{key}.user_policy={{kind: openai, model: hang-u, base_url: '{endpoint}', api: chat}}")
+        try:
+            async def scenario() -> None:
+                async with Client(urls[server] + "/mcp", mode="legacy") as client:
+                    await client.call_tool("seed_session", {"task_index": 0})
+                    failed = await client.call_tool("send_message", {"text": "Hello, your email?"})
+                    assert failed.is_error and "the user model did not answer within 1 s" in failed.content[0].text
+                    with pytest.raises(MCPError, match="no episode"):  # it ended: nothing to go on with
+                        await client.call_tool("send_message", {"text": "Hello?"})
+
+            asyncio.run(scenario())
+        finally:
+            stop_serve(proc)
+
+
 def test_a_server_of_neither_protocol_refuses_mcp_clearly():
     from fastapi import FastAPI
 
