@@ -354,15 +354,11 @@ class McpExposure:
         try:
             reply = await self.runner.call(episode, name, arguments)
         except McpError as exc:
-            if episode.ended:  # a Gymnasium-protocol server failed the step: the episode cannot go on
-                self._forget(ctx.request, episode)
-                await self.runner.close(episode, release=False)
+            await self._end_if_over(ctx.request, episode)  # a Gymnasium-protocol server failed the step
             return CallToolResult(content=[TextContent(type="text", text=json.dumps({"error": str(exc)}))],
                                   is_error=True)
         meta = {STEP_REWARD_META: reply.step_reward} if reply.step_reward is not None else None
-        if episode.ended:  # a Gymnasium-protocol server ended the episode at this call
-            self._forget(ctx.request, episode)
-            await self.runner.close(episode, release=False)
+        await self._end_if_over(ctx.request, episode)  # a Gymnasium-protocol server ended it at this call
         return CallToolResult(content=[TextContent(type="text", text=reply.text)], is_error=reply.status >= 400,
                               _meta=meta)
 
@@ -440,17 +436,19 @@ class McpExposure:
         try:
             step = await self.runner.say(episode, text)
         except McpError as exc:
-            if episode.ended:  # the episode cannot go on (the server failed the step: its user model, say)
-                self._forget(request, episode)
-                await self.runner.close(episode, release=False)
+            await self._end_if_over(request, episode)  # the server failed the step (its user model, say)
             return _result({"error": str(exc)}, error=True)
         shown = {key: step.get(key) for key in ("observation", "reward", "terminated", "truncated")}
         if episode.ended:
-            shown["info"] = step.get("info") or {}
-            shown["step_rewards"] = episode.step_rewards
+            shown.update(info=step.get("info") or {}, step_rewards=episode.step_rewards)
+        await self._end_if_over(request, episode)
+        return _result(shown)
+
+    async def _end_if_over(self, request: Request | None, episode: McpEpisode) -> None:
+        """Forget and close a Gymnasium-protocol episode its server ended (or failed): it cannot go on."""
+        if episode.ended:
             self._forget(request, episode)
             await self.runner.close(episode, release=False)
-        return _result(shown)
 
     def _forget(self, request: Request | None, episode: McpEpisode) -> None:
         self.episodes.pop(episode.token, None)
