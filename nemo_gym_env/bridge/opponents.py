@@ -63,7 +63,6 @@ class PolicyOpponent:
     async def __call__(self, observation: str, env: Any) -> str:
         from nemo_gym_env.policies.base import PolicyRequest
         from nemo_gym_env.policies.factory import make_policy
-        from nemo_gym_env.protocol.items import content_text
 
         if self._policy is None:
             kwargs = dict(self.policy_kwargs)
@@ -71,7 +70,7 @@ class PolicyOpponent:
         history = self._conversations.setdefault(id(env.state), [])
         history.append({"type": "message", "role": "user", "content": observation})
         turn = await self._policy.generate(PolicyRequest(input=list(history), history=[]))
-        text = "".join(content_text(item.get("content")) for item in turn.items if item.get("type") == "message")
+        text = turn.said()
         history.append({"type": "message", "role": "assistant", "content": text})
         if len(self._conversations) > 1024:  # games that ended: their states are gone
             self._conversations.pop(next(iter(self._conversations)))

@@ -97,7 +97,8 @@ class ConversationServer(GymnasiumServer):
 
     @abstractmethod
     def start(self, row: dict[str, Any]) -> Any:
-        """The episode's state from the task row; a ``ValueError`` refuses the row (422)."""
+        """The episode's state from the task row; a ``ValueError`` (a pydantic ``ValidationError`` too) refuses
+        the row (422, naming the first error's place)."""
 
     @abstractmethod
     def call_tool(self, state: Any, name: str, arguments: dict[str, Any]) -> Any:
@@ -114,9 +115,12 @@ class ConversationServer(GymnasiumServer):
         """Validate the row's ``user``, build the episode's state; the user's opening is the first observation."""
         try:
             spec = UserSpec.model_validate(metadata.get("user"))
-            state = self.start(metadata)
         except ValidationError as exc:
             raise HTTPException(422, f"the row's user is not a user spec: {_first_error(exc)}") from None
+        try:
+            state = self.start(metadata)
+        except ValidationError as exc:  # a subclass validating its part of the row (a pydantic model)
+            raise HTTPException(422, f"the row cannot start an episode: {_first_error(exc)}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise HTTPException(422, f"the row cannot start an episode: {str(exc)[:300]}") from None
         self.session_state[session_id] = _Episode(Talk(spec), state)

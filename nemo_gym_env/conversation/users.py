@@ -173,7 +173,6 @@ class PolicyUser(User):
 
     async def _answer(self, talk: Talk, agent_said: str) -> str:
         from nemo_gym_env.policies.base import PolicyRequest
-        from nemo_gym_env.protocol.items import content_text
 
         if self._policy is None:
             self._policy = self._make()
@@ -192,7 +191,7 @@ class PolicyUser(User):
             raise UserFailure(f"the user model failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
         talk.user_usage["input_tokens"] += int(turn.input_tokens or 0)
         talk.user_usage["output_tokens"] += int(turn.output_tokens or 0)
-        return "".join(content_text(item.get("content")) for item in turn.items if item.get("type") == "message")
+        return turn.said()
 
     async def close(self) -> None:
         closing = getattr(self._policy, "aclose", None)

@@ -53,6 +53,13 @@ class PolicyTurn:
     input_tokens: int = 0
     output_tokens: int = 0
 
+    def said(self) -> str:
+        """The text of the turn's messages, joined (what a model playing a person said)."""
+        # Deferred: protocol.items loads the openai types, and this module stays light.
+        from nemo_gym_env.protocol.items import content_text
+
+        return "".join(content_text(item.get("content")) for item in self.items if item.get("type") == "message")
+
     def action(self) -> list[dict[str, Any]]:
         """The items to pass to ``env.step``, token data on the last one when present."""
         items = [dict(item) for item in self.items]

@@ -228,11 +228,8 @@ class EpisodeRunner:
         async with episode.lock:
             body = json.dumps(self.verify_body(episode, answer), ensure_ascii=False).encode()
             reply = await self._post(episode.client, "/verify", body, self.verify_timeout_s)
-        try:
-            verdict = reply.json()
-        except ValueError:
-            verdict = None
-        reward = verdict.get("reward") if isinstance(verdict, dict) else None
+        verdict = _json(reply)
+        reward = verdict.get("reward")
         if reply.status_code >= 400 or isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise McpError(f"{self.label}: POST /verify answered {reply.status_code}: {reply.text[:500]}")
         return verdict
