@@ -17,29 +17,23 @@ from urllib.parse import urlsplit
 
 from nemo_gym_env.checker.report import Report
 from nemo_gym_env.checker.suite import CheckSettings, check_server
-from nemo_gym_env.cli.common import PROG, say
+from nemo_gym_env.cli.common import describe, say
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.system.net import is_loopback
 
-__all__ = ["add_check_parser", "cmd_check"]
+__all__ = ["check_arguments", "cmd_check"]
 
 
-def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``check`` subcommand on the CLI's subparsers."""
+def check_arguments(p: argparse.ArgumentParser) -> None:
+    """``check``'s arguments."""
     defaults = CheckSettings()
-    p = sub.add_parser(
-        "check",
-        parents=[common],
-        help="check a resources server: protocol, sessions, tools, bad input, concurrency",
-        description="Check a resources server as Gymnasium's check_env checks an env: the protocol, the session "
-        "cookie and isolation, the tools as OpenAI function definitions, /verify (or /step) on empty and wrong "
-        "trajectories, malformed, oversized and unknown-session requests, NeMo Gym 0.7's session contract where "
-        "claimed, and concurrency. Each check passes, warns or fails with its evidence; exit 1 on a fail.",
-        epilog=f"examples:\n  {PROG} check guess_number\n  {PROG} check gymnasium:FrozenLake-v1 --json\n"
-        f"  {PROG} check my_env/configs/my_env.yaml\n  {PROG} check http://127.0.0.1:8000 --input tasks.jsonl",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    describe(p, "Check a resources server as Gymnasium's check_env checks an env: the protocol, the session "
+             "cookie and isolation, the tools as OpenAI function definitions, /verify (or /step) on empty and wrong "
+             "trajectories, malformed, oversized and unknown-session requests, NeMo Gym 0.7's session contract where "
+             "claimed, and concurrency. Each check passes, warns or fails with its evidence; exit 1 on a fail.",
+             "check guess_number", "check gymnasium:FrozenLake-v1 --json", "check my_env/configs/my_env.yaml",
+             "check http://127.0.0.1:8000 --input tasks.jsonl")
     p.add_argument("targets", nargs="+", metavar="TARGET",
                    help="bundled name, gymnasium:ID, textarena:GAME, config path or URL (several: each is checked)")
     p.add_argument("--input", "-i", metavar="PATH", help="example rows (JSONL) to play; default: the server's own")
@@ -53,7 +47,6 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--oversized-mb", type=float, default=defaults.oversized_mb, metavar="MB",
                    help=f"size of the oversized body (default {defaults.oversized_mb:g})")
     p.add_argument("--allow-remote", action="store_true", help="allow a URL that is not on this machine")
-    p.set_defaults(run="nemo_gym_env.cli.check:cmd_check")
 
 
 def _rows(path: str | Path | None, limit: int = 8) -> list[dict[str, Any]]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nemo_gym_env.launch.config import DEFAULT_ENV_YAML
 
-__all__ = ["PROG", "Parser", "add_env_yaml", "env_yaml_path", "say", "split_targets"]
+__all__ = ["PROG", "Parser", "add_env_yaml", "add_listen", "describe", "env_yaml_path", "say", "split_targets", "wrap"]
 
 PROG = "nemo-gym-env"
 
@@ -19,6 +20,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def wrap(text: str) -> str:
+    """A command's description, wrapped for ``--help``."""
+    return textwrap.fill(text, width=100)
+
+
+def describe(parser: argparse.ArgumentParser, description: str, *examples: str) -> None:
+    """A command's ``--help`` text: its description, wrapped, and its examples as written."""
+    parser.description = wrap(description)
+    if examples:
+        parser.epilog = "examples:\n" + "\n".join(f"  {PROG} {example}" for example in examples)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def say(message: str) -> None:
@@ -39,6 +53,12 @@ def add_env_yaml(parser: Any) -> None:
     parser.add_argument("--env-yaml", metavar="PATH",
                         help="env file with secrets and globals (default: ./env.yaml if present)")
     parser.add_argument("--no-env-yaml", action="store_true", help="ignore ./env.yaml")
+
+
+def add_listen(parser: argparse.ArgumentParser) -> None:
+    """``--host`` and ``--port`` of a command that serves a page."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: a free one)")
 
 
 def env_yaml_path(args: argparse.Namespace) -> str | None:

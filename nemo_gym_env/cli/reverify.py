@@ -12,7 +12,7 @@ import asyncio
 import signal
 from pathlib import Path
 
-from nemo_gym_env.cli.common import env_yaml_path, say, split_targets
+from nemo_gym_env.cli.common import add_env_yaml, describe, env_yaml_path, say, split_targets
 from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.errors import Stopped, UsageError
@@ -34,7 +34,29 @@ from nemo_gym_env.rollouts.reverify import (
 )
 from nemo_gym_env.system.processes import sigterm_raises
 
-__all__ = ["cmd_reverify", "default_output"]
+__all__ = ["cmd_reverify", "default_output", "reverify_arguments"]
+
+
+def reverify_arguments(p: argparse.ArgumentParser) -> None:
+    """``reverify``'s arguments."""
+    describe(p, "Send every row's verify body (the task row and the episode it stores) to /verify again, "
+             "with no policy call, and write the new rows (the new verdict, the old identity) to -o (default "
+             "<stem>_reverified.jsonl); print, per server, the rows whose reward moved and the mean reward before and "
+             "after. Servers are launched as `rollouts` launches them (the servers the rows name, bundled NAMEs, "
+             "+config_paths=[...]) or already running (--server-url, --head-url). --resume continues after a kill.",
+             "reverify results/rollouts.jsonl",
+             "reverify results/rollouts.jsonl -o results/fixed.jsonl --server-url http://127.0.0.1:8000",
+             "reverify results/rollouts.jsonl -o results/fixed.jsonl --resume")
+    p.add_argument("rollouts", metavar="ROLLOUTS.jsonl", help="a rollouts file")
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    p.add_argument("--output", "-o", metavar="PATH", help="where the new rows go (default <stem>_reverified.jsonl)")
+    p.add_argument("--server-url", metavar="URL", help="one running resources server for every row")
+    p.add_argument("--head-url", metavar="URL", help="the servers of a running head server (GET /servers)")
+    p.add_argument("--concurrency", type=int, default=32, metavar="N", help="verifications in flight (default 32)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="/verify timeout (default 300 s)")
+    p.add_argument("--resume", action="store_true", help="continue the output: skip rows already re-verified")
+    p.add_argument("--log-dir", metavar="DIR", help="keep the logs of launched servers here")
+    add_env_yaml(p)
 
 
 def default_output(path: str | Path) -> Path:

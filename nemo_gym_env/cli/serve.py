@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from nemo_gym_env.cli.common import PROG, env_yaml_path, say, split_targets
+from nemo_gym_env.cli.common import PROG, add_env_yaml, describe, env_yaml_path, say, split_targets
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
 from nemo_gym_env.launch.config import ServerSpec, other_instances, server_specs
@@ -19,6 +19,25 @@ from nemo_gym_env.system.net import is_loopback
 from nemo_gym_env.system.processes import sigterm_raises
 
 __all__ = ["cmd_serve", "with_mcp"]
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    """``serve``'s arguments."""
+    describe(p, "Start resources servers standalone, plus a head server (default 127.0.0.1:11000; "
+             "+head_server.port=0 for a free port) serving GET /servers and GET /global_config_dict_yaml "
+             "(secrets redacted). Ctrl-C or SIGTERM stops everything.",
+             "serve example_multi_step", 'serve "+config_paths=[a.yaml,b.yaml]" +head_server.port=0',
+             "serve example_multi_step --mcp        # MCP clients at <url>/mcp")
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    p.add_argument("--log-dir", metavar="DIR", help="keep server logs here (default: a temporary folder)")
+    p.add_argument("--mcp", action="store_true",
+                   help="also serve each resources server's tools over MCP at <url>/mcp (needs the mcp extra; "
+                        "a bundled server's example tasks are the task list MCP clients name by index)")
+    add_env_yaml(p)
+    p.add_argument("--http", choices=("auto", "httptools", "h11"),
+                   help="every server's HTTP parser (default: each server's `http`, auto: httptools where it imports)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop", "auto"),
+                   help="every server's event loop (default: each server's `loop`, asyncio unless it says)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from nemo_gym_env.cli.common import PROG, env_yaml_path, split_targets
+from nemo_gym_env.cli.common import PROG, add_env_yaml, describe, env_yaml_path, split_targets
 from nemo_gym_env.envs.registration import env_id
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
@@ -23,7 +23,36 @@ from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import text_table
 from nemo_gym_env.server.scaffold import init_server
 
-__all__ = ["cmd_config", "cmd_init", "cmd_list", "cmd_validate"]
+__all__ = ["cmd_config", "cmd_init", "cmd_list", "cmd_validate", "config_arguments", "init_arguments", "list_arguments",
+           "validate_arguments"]
+
+
+def list_arguments(p: argparse.ArgumentParser) -> None:
+    """``list``'s arguments."""
+    describe(p, "List the bundled servers: env ids, example tasks, tools.")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+
+def config_arguments(p: argparse.ArgumentParser) -> None:
+    """``config``'s arguments."""
+    describe(p, "Print the merged, resolved config as YAML with every secret redacted.",
+             "config example_multi_step", 'config "+config_paths=[a.yaml]" +key=value')
+    p.add_argument("targets", nargs="*", metavar="NAME|+key=value", help="bundled server names and Hydra overrides")
+    add_env_yaml(p)
+
+
+def validate_arguments(p: argparse.ArgumentParser) -> None:
+    """``validate``'s arguments."""
+    describe(p, "Check every row of JSONL datasets; report offending lines; exit 1 if any.")
+    p.add_argument("datasets", nargs="+", metavar="DATASET", help="JSONL files")
+
+
+def init_arguments(p: argparse.ArgumentParser) -> None:
+    """``init``'s arguments."""
+    describe(p, "Create NAME/ with app.py, configs/NAME.yaml, data/example.jsonl (5 rows), tests/test_app.py and "
+             "README.md.")
+    p.add_argument("name", metavar="NAME", help="server name (a Python identifier)")
+    p.add_argument("--dir", default=".", metavar="PATH", help="where to create NAME/ (default: here)")
 
 
 def _bundled_info() -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_env.cli.common import env_yaml_path, split_targets
+from nemo_gym_env.cli.common import add_env_yaml, add_listen, describe, env_yaml_path, split_targets
 from nemo_gym_env.envs.registration import GENERIC_ID, env_id
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_spec
@@ -15,7 +15,38 @@ from nemo_gym_env.rollouts.settings import DEFAULT_OUTPUT
 from nemo_gym_env.viewer.play_app import EnvSpec
 from nemo_gym_env.viewer.run import env_yaml_secrets, run_play, run_view
 
-__all__ = ["cmd_play", "cmd_view"]
+__all__ = ["cmd_play", "cmd_view", "play_arguments", "view_arguments"]
+
+
+def view_arguments(p: argparse.ArgumentParser) -> None:
+    """``view``'s arguments."""
+    describe(p, "Serve a local page over rollout JSONL files (and their _failures.jsonl sidecars): the "
+             "list (filter, sort), each rollout's conversation, tool calls and verify reply, a task's rollouts side by "
+             "side, and the summary that `rollouts` prints. Files still being written are followed. Binds 127.0.0.1.",
+             "view", "view results/rollouts.jsonl other/rollouts.jsonl --port 8080")
+    p.add_argument("paths", nargs="*", metavar="PATH", help=f"rollout files (default {DEFAULT_OUTPUT})")
+    add_listen(p)
+    p.add_argument("--max-row-mb", type=float, default=16.0, metavar="MB",
+                   help="longest line read as a row (default 16); longer ones are listed as errors")
+    add_env_yaml(p)
+
+
+def play_arguments(p: argparse.ArgumentParser) -> None:
+    """``play``'s arguments."""
+    describe(p, "Serve a local page where a person plays one episode at a time through the same "
+             "NemoGymEnv a policy uses: the task's messages, a form per tool, each output, a final answer, then the "
+             "reward and the verify reply. A finished episode can be saved as a rollout row. Binds 127.0.0.1.",
+             "play example_multi_step", 'play "+config_paths=[my_env/configs/my_env.yaml]" --input my_env/data/example.jsonl',
+             "play --server-url http://127.0.0.1:8000 --input tasks.jsonl")
+    p.add_argument("targets", nargs="*", metavar="NAME|+config_paths=[...]", help="a bundled server or a config")
+    p.add_argument("--server-url", metavar="URL", help="play a running resources server (with --input)")
+    p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: a bundled server's example data)")
+    p.add_argument("--output", "-o", metavar="PATH", default="results/played.jsonl",
+                   help="where saved episodes go (default results/played.jsonl)")
+    add_listen(p)
+    p.add_argument("--max-steps", type=int, default=64, metavar="N",
+                   help="turns before the episode is verified anyway (default 64)")
+    add_env_yaml(p)
 
 
 def _secrets(args: argparse.Namespace) -> list[str]:
