@@ -333,7 +333,7 @@ def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Name
              concurrency: int) -> dict[str, Any]:
     """Every task ``repeats`` times through ``policy`` at ``concurrency``, over the real rollout path."""
     from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY
-    from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
+    from nemo_gym_env.rollouts.jobs import RolloutJob, RolloutOptions, ServerClients, apply_sampling, collect_jobs
     from nemo_gym_env.rollouts.output import is_failure
 
     clients = ServerClients(urls)
@@ -342,7 +342,7 @@ def _collect(policy: Any, tasks: list, urls: dict[str, str], args: argparse.Name
             for n, (server, _, row) in enumerate(tasks) for repeat in range(repeats)]
 
     async def run() -> list[dict[str, Any]]:
-        return [row async for row in collect_jobs(jobs, concurrency=concurrency, max_steps=args.max_steps)]
+        return [row async for row in collect_jobs(jobs, RolloutOptions(max_steps=args.max_steps), concurrency=concurrency)]
 
     started = time.perf_counter()
     rows = asyncio.run(run())

@@ -36,7 +36,7 @@ from nemo_gym_env.protocol.defaults import MAX_STEPS, TRAINER_CONCURRENCY, TRAIN
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, TASK_INDEX_KEY
 from nemo_gym_env.ray_cluster.connection import RAY_ADDRESS_KEY
 from nemo_gym_env.ray_cluster.servers import RayLauncher
-from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, run_rollout
+from nemo_gym_env.rollouts.jobs import RolloutJob, RolloutOptions, ServerClients, run_rollout
 from nemo_gym_env.rollouts.output import is_failure
 from nemo_gym_env.rollouts.plan import route_row
 
@@ -139,6 +139,7 @@ class NemoGymRollouts:
         block = dict(cfg.get("initial_global_config_dict") or {})
         self.cfg = cfg
         self.settings = ProducerSettings.from_block(block)
+        self._options = RolloutOptions(max_steps=self.settings.max_steps, turn_timeout_s=self.settings.turn_timeout_s)
         self._block = block
         self._policy_source = policy
         self._server_override = dict(servers) if servers else None
@@ -262,7 +263,7 @@ class NemoGymRollouts:
         reasons = []
         row: dict[str, Any] = {}
         for _ in range(self.settings.max_attempts):
-            row = await run_rollout(job, max_steps=self.settings.max_steps, turn_timeout_s=self.settings.turn_timeout_s)
+            row = await run_rollout(job, self._options)
             if not is_failure(row):
                 return row
             reasons.append(f"{row.get(FAILURE_CLASS_KEY)}: {row.get('failure_reason')}")

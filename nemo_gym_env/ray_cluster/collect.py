@@ -48,37 +48,47 @@ from nemo_gym_env.ray_cluster.connection import (
     remote_class,
 )
 from nemo_gym_env.rollouts.identity import server_of, task_keys
-from nemo_gym_env.rollouts.jobs import UNREACHABLE, RolloutJob, ServerClients, apply_sampling, run_rollout
+from nemo_gym_env.rollouts.jobs import (
+    UNREACHABLE,
+    Planned,
+    RolloutJob,
+    RolloutOptions,
+    ServerClients,
+    Task,
+    expand,
+    run_rollout,
+    skipping,
+)
 from nemo_gym_env.rollouts.plan import route_row
 
 __all__ = ["WorkersLost", "ray_collect"]
 
-Key = tuple[int, int]
-"""``(position of the task in rows, rollout index)``: the driver's own handle on a rollout."""
+Key = int
+"""The rollout's place in the run's expansion (rows' order, then rollout index): the driver's own handle on it."""
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What a worker needs to play one rollout."""
+class _WorkerSettings:
+    """What every worker is handed whole: how rollouts are played, and the worker's own bounds."""
 
-    task_index: int
-    task_key: str
-    rollout_index: int
-    row: dict[str, Any]
+    options: RolloutOptions
+    concurrency: int
+    request_timeout_s: float
+    unreachable_wait_s: float
 
 
 class _RolloutWorker:
     """One Ray worker (an async actor: its own event loop); wrapped by ``ray.remote`` on first use."""
 
     def __init__(self, policy_factory: Callable[[], Any], server_urls: dict[str, str], routes: dict[str, str],
-                 settings: dict[str, Any]):
+                 settings: _WorkerSettings):
         self._policy_factory = policy_factory
         self._policy: Any = None
         self._server_urls = server_urls
         self._routes = routes
         self._settings = settings
-        self._clients = ServerClients(server_urls, timeout_s=settings["request_timeout_s"])
-        self._slots = asyncio.Semaphore(settings["concurrency"])  # shared by this worker's chunks
+        self._clients = ServerClients(server_urls, timeout_s=settings.request_timeout_s)
+        self._slots = asyncio.Semaphore(settings.concurrency)  # shared by this worker's chunks
 
     def where(self) -> dict[str, Any]:
         import ray  # the optional dependency: only inside a Ray worker
@@ -90,26 +100,22 @@ class _RolloutWorker:
         self._server_urls.update(urls)
         return self._clients.retarget(urls)
 
-    async def run(self, chunk: list[tuple[Key, _Job]]) -> Any:
+    async def run(self, chunk: list[tuple[Key, Planned]]) -> Any:
         """Play a chunk of rollouts; yield ``(key, row)`` for each finished one (an output or a failure row)."""
         if self._policy is None:
             self._policy = self._policy_factory()
         settings = self._settings
 
-        def job(spec: _Job) -> RolloutJob:
-            name = route_row(spec.row, self._server_urls, self._routes)
-            return RolloutJob(spec.row, spec.task_index, spec.rollout_index, self._clients[name], self._policy, name,
-                              spec.task_key)
+        def job(planned: Planned) -> RolloutJob:
+            name = route_row(planned.row, self._server_urls, self._routes)
+            return RolloutJob.of(planned, self._clients[name], self._policy, name)
 
-        async def play(key: Key, spec: _Job) -> tuple[Key, dict[str, Any]]:
+        async def play(key: Key, planned: Planned) -> tuple[Key, dict[str, Any]]:
             async with self._slots:  # the worker's bound, over all its chunks in flight
                 loop = asyncio.get_running_loop()
-                patience = loop.time() + settings["unreachable_wait_s"]
+                patience = loop.time() + settings.unreachable_wait_s
                 while True:
-                    row = await run_rollout(job(spec), max_steps=settings["max_steps"],
-                                            turn_timeout_s=settings["turn_timeout_s"],
-                                            episode_reward=settings["episode_reward"],
-                                            max_episode_tokens=settings["max_episode_tokens"])
+                    row = await run_rollout(job(planned), settings.options)
                     if row.get("failure_kind") != UNREACHABLE or loop.time() >= patience:
                         return key, row
                     await asyncio.sleep(1.0)  # nothing was played: again, on the server's address by then
@@ -211,24 +217,19 @@ def ray_collect(
         return {name: url.rstrip("/") for name, url in mapping.items()}
 
     urls = current()
-    done = set(skip)
-    jobs: dict[Key, _Job] = {}
-    for position, (row, key) in enumerate(zip(rows, task_keys(rows))):
-        task = int(row.get(TASK_INDEX_KEY, position))
-        prepared = apply_sampling(row, sampling)
-        server = route_row(prepared, urls, routes)  # a row that names no server fails here, not on a worker
-        name = server_of(row) or server
-        for rollout in range(num_repeats):
-            if (name, key, rollout) not in done:
-                jobs[(position, rollout)] = _Job(task, key, rollout, prepared)
+    # A row that names no server fails here (route_row), not on a worker.
+    tasks = [Task(int(row.get(TASK_INDEX_KEY, position)), key, row, server_of(row) or route_row(row, urls, routes))
+             for position, (row, key) in enumerate(zip(rows, task_keys(rows)))]
+    jobs: dict[Key, Planned] = dict(enumerate(expand(tasks, num_repeats, sampling=sampling, is_done=skipping(skip))))
     order = sorted(jobs)
     size = chunk_size or concurrency
     queue: deque[list[Key]] = deque(order[i:i + size] for i in range(0, len(order), size))
-    settings = {"concurrency": concurrency, "max_steps": max_steps, "request_timeout_s": request_timeout_s,
-                "turn_timeout_s": turn_timeout_s, "episode_reward": episode_reward,
-                "max_episode_tokens": max_episode_tokens,
-                # Following a launcher: a server that cannot be reached is being placed again; wait for it.
-                "unreachable_wait_s": 0.0 if follow is None else unreachable_wait_s}
+    settings = _WorkerSettings(
+        RolloutOptions(max_steps=max_steps, turn_timeout_s=turn_timeout_s, episode_reward=episode_reward,
+                       max_episode_tokens=max_episode_tokens),
+        concurrency=concurrency, request_timeout_s=request_timeout_s,
+        # Following a launcher: a server that cannot be reached is being placed again; wait for it.
+        unreachable_wait_s=0.0 if follow is None else unreachable_wait_s)
     if jobs:
         require(f"ray_collect: {num_workers} worker(s) of {num_cpus_per_worker:g} CPU and {num_gpus_per_worker:g} GPU",
                 [(num_cpus_per_worker, num_gpus_per_worker)] * num_workers, wait_s=5.0)
@@ -259,7 +260,7 @@ def ray_collect(
             on_worker_lost(worker.index, reason)
 
     def left() -> list[tuple[str, str, int]]:
-        return [(_server(jobs[k].row, urls, routes), jobs[k].task_key, k[1]) for k in order if k not in finished]
+        return [(jobs[k].task.server, jobs[k].task.key, jobs[k].rollout_index) for k in order if k not in finished]
 
     try:
         hand_out()
@@ -294,7 +295,6 @@ def ray_collect(
                 except lost_worker_errors(ray) as exc:
                     lose(worker, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                     continue
-                key = tuple(key)
                 if key in jobs and key not in finished:  # a late duplicate of a re-run rollout stays out
                     finished.add(key)
                     waiting[key] = row
@@ -306,6 +306,3 @@ def ray_collect(
         for worker in workers:
             kill_actor(ray, worker.handle)
 
-
-def _server(row: dict[str, Any], urls: Mapping[str, str], routes: Mapping[str, str] | None) -> str:
-    return server_of(row) or route_row(row, urls, routes)

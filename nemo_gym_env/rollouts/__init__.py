@@ -14,7 +14,8 @@ or, one server and rows in hand, :func:`collect` (an async iterator of rows).
 
 - :mod:`~nemo_gym_env.rollouts.settings`: :class:`RolloutSettings`, every knob and its default;
 - :mod:`~nemo_gym_env.rollouts.plan`: servers, tasks and policy, checked before anything starts;
-- :mod:`~nemo_gym_env.rollouts.jobs`: one rollout (:func:`run_rollout`) and many (:func:`collect_jobs`);
+- :mod:`~nemo_gym_env.rollouts.jobs`: what a run plays (:func:`expand`), one rollout (:func:`run_rollout`) and many
+  (:func:`collect_jobs`), on one machine and on Ray;
 - :mod:`~nemo_gym_env.rollouts.runner`: launch, run, write, stop cleanly on a signal;
 - :mod:`~nemo_gym_env.rollouts.output`: the rollouts file, its failures sidecar, resuming;
 - :mod:`~nemo_gym_env.rollouts.report`: metrics per server, the table, the progress line.
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         apply_sampling,
         collect,
         collect_jobs,
+        expand,
         run_rollout,
     )
     from nemo_gym_env.rollouts.output import (
@@ -54,6 +56,7 @@ __all__ = [
     "Progress",
     "RolloutFileError",
     "RolloutJob",
+    "RolloutOptions",
     "RolloutPlan",
     "RolloutSettings",
     "RolloutWriter",
@@ -62,6 +65,7 @@ __all__ = [
     "apply_sampling",
     "collect",
     "collect_jobs",
+    "expand",
     "failures_path",
     "is_failure",
     "metrics_path",
@@ -78,12 +82,12 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, {
     "RolloutFileError": "nemo_gym_env.errors",
     "FAILURE_CLASS_KEY": "nemo_gym_env.protocol.keys",
-    **dict.fromkeys(("RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"),
+    **dict.fromkeys(("RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "expand", "run_rollout"),
                     "nemo_gym_env.rollouts.jobs"),
     **dict.fromkeys(("RolloutWriter", "failures_path", "is_failure", "metrics_path", "read_rollouts"),
                     "nemo_gym_env.rollouts.output"),
     **dict.fromkeys(("RolloutPlan", "Target", "plan_rollouts", "route_row"), "nemo_gym_env.rollouts.plan"),
     **dict.fromkeys(("Progress", "metrics_table", "summarize", "write_metrics"), "nemo_gym_env.rollouts.report"),
     "run_plan": "nemo_gym_env.rollouts.runner",
-    "RolloutSettings": "nemo_gym_env.rollouts.settings",
+    **dict.fromkeys(("RolloutOptions", "RolloutSettings"), "nemo_gym_env.rollouts.settings"),
 })

@@ -9,12 +9,18 @@ which is never a row with reward 0. :func:`collect_jobs` runs many,
 
     async for row in collect(rows, ScriptedPolicy("example_multi_step"), url, num_repeats=4):
         ...
+
+What a run plays is worked out once, here, for one machine (``rollouts``, :func:`collect`) and for Ray
+(``ray_collect``) alike: :func:`expand` turns tasks into the rollouts still to play (tasks x repeats,
+less those already done, sampling overrides applied), and
+:class:`~nemo_gym_env.rollouts.settings.RolloutOptions` says how each is played (turn and token limits,
+the reward): made once per run and handed to every worker whole.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +36,10 @@ from nemo_gym_env.protocol.keys import (
     TASK_INDEX_KEY,
 )
 from nemo_gym_env.rollouts.identity import server_of, stamp, task_key, task_keys
+from nemo_gym_env.rollouts.settings import RolloutOptions
 
-__all__ = ["DEADLINE_GRACE_S", "UNREACHABLE", "RolloutJob", "ServerClients", "apply_sampling", "collect", "collect_jobs", "run_rollout"]
+__all__ = ["DEADLINE_GRACE_S", "UNREACHABLE", "Planned", "RolloutJob", "RolloutOptions", "ServerClients", "Task",
+           "apply_sampling", "collect", "collect_jobs", "expand", "run_rollout", "skipping"]
 
 DEADLINE_GRACE_S = 1.0
 """How long past ``turn_timeout_s`` a turn is cut off here: a policy that keeps the deadline itself
@@ -50,6 +58,49 @@ def apply_sampling(row: dict[str, Any], overrides: Mapping[str, Any] | None) -> 
     if not overrides:
         return row
     return {**row, "responses_create_params": {**row["responses_create_params"], **overrides}}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a run: its row as the dataset holds it, its index there, its identity."""
+
+    index: int
+    """``_ng_task_index``: the row's own, or its position among the valid rows of its dataset."""
+    key: str
+    """``_ng_task_key``: the digest of its content (:mod:`~nemo_gym_env.rollouts.identity`)."""
+    row: dict[str, Any]
+    server: str
+    """The name its rollout rows carry in ``agent_ref``: the row's own, else the target's."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One rollout still to play: its task, its repeat, and the row as the policy gets it (sampling applied)."""
+
+    task: Task
+    rollout_index: int
+    row: dict[str, Any]
+
+
+def expand(tasks: Iterable[Task], num_repeats: int, *, sampling: Mapping[str, Any] | None = None,
+           is_done: Callable[[str, str, int, int], bool] = lambda server, key, index, rollout: False,
+           ) -> Iterator[Planned]:
+    """The rollouts a run still has to play: each task ``num_repeats`` times, in the tasks' order then the repeat's,
+    less those ``is_done(server, task key, task index, rollout index)`` says are done (a resumed file's).
+
+    The one expansion of a run, on one machine (``rollouts``, :func:`collect`) and on Ray (``ray_collect``).
+    """
+    for task in tasks:
+        prepared = apply_sampling(task.row, sampling)
+        for rollout_index in range(num_repeats):
+            if not is_done(task.server, task.key, task.index, rollout_index):
+                yield Planned(task, rollout_index, prepared)
+
+
+def skipping(done: Iterable[tuple[str, str, int]]) -> Callable[[str, str, int, int], bool]:
+    """``is_done`` for :func:`expand` from identities ``(server, task key, rollout index)``."""
+    done = set(done)
+    return lambda server, key, index, rollout: (server, key, rollout) in done
 
 
 class ServerClients:
@@ -115,6 +166,11 @@ class RolloutJob:
         """``(task_index, rollout_index)``."""
         return self.task_index, self.rollout_index
 
+    @classmethod
+    def of(cls, planned: Planned, client: ResourcesClient, policy: Policy, server: str | None) -> RolloutJob:
+        """The job that plays ``planned`` on ``client`` (``server``: the name recorded when the row names none)."""
+        return cls(planned.row, planned.task.index, planned.rollout_index, client, policy, server, planned.task.key)
+
 
 def _stamp(job: RolloutJob, row: dict[str, Any]) -> dict[str, Any]:
     ref = job.row.get(AGENT_REF_KEY)
@@ -143,23 +199,24 @@ def _verify_failure(job: RolloutJob, error: VerifyFailed) -> dict[str, Any]:
     return _failure(job, "server_error", str(error), **extra)
 
 
-async def run_rollout(job: RolloutJob, *, max_steps: int = MAX_STEPS, turn_timeout_s: float | None = None,
-                      episode_reward: str = "verify", max_episode_tokens: int | None = None) -> dict[str, Any]:
+async def run_rollout(job: RolloutJob, options: RolloutOptions | None = None) -> dict[str, Any]:
     """Play one episode: seed the session, alternate policy turns and tool calls, verify.
 
-    ``max_episode_tokens`` bounds what one episode may cost: each turn may generate at most the
-    tokens the episode has left, and once they are spent the episode is verified as it stands
-    (``truncated``), as at ``max_steps``.
+    ``options`` (default: :class:`RolloutOptions`'s defaults) says how. ``max_episode_tokens`` bounds what
+    one episode may cost: each turn may generate at most the tokens the episode has left, and once they
+    are spent the episode is verified as it stands (``truncated``), as at ``max_steps``.
 
     The row is the ``/verify`` reply, with the per-turn ``step_rewards`` and their
-    ``step_reward_sum`` when the server gave step rewards (``episode_reward="sum"``: ``reward``
+    ``step_reward_sum`` when the server gave step rewards (``options.episode_reward="sum"``: ``reward``
     is the sum of both, ``verify_reward`` the server's; see :meth:`Episode.verdict`).
     Never raises for a failing policy or server: returns a failure row instead (see
     :data:`FAILURE_CLASS_KEY`). Cancellation propagates.
     """
+    options = options or RolloutOptions()
+    max_episode_tokens, turn_timeout_s = options.max_episode_tokens, options.turn_timeout_s
     try:
-        episode, observation, info = await start_episode(job.client, "auto", job.row, job.task_index, max_steps,
-                                                         episode_reward=episode_reward)
+        episode, observation, info = await start_episode(job.client, "auto", job.row, job.task_index, options.max_steps,
+                                                         episode_reward=options.episode_reward)
     except ServerError as exc:
         if isinstance(exc.__cause__, ConnectFailed):  # nothing reached the server: safe to play again at once
             return _failure(job, "server_error", str(exc), failure_kind=UNREACHABLE)
@@ -205,16 +262,14 @@ async def run_rollout(job: RolloutJob, *, max_steps: int = MAX_STEPS, turn_timeo
 
 async def collect_jobs(
     jobs: Iterable[RolloutJob],
+    options: RolloutOptions | None = None,
     *,
     concurrency: int = CONCURRENCY,
-    max_steps: int = MAX_STEPS,
-    turn_timeout_s: float | None = None,
-    episode_reward: str = "verify",
-    max_episode_tokens: int | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Run jobs concurrently on the running loop, at most ``concurrency`` at a time; yield rows as they finish.
 
-    Jobs are drawn from ``jobs`` lazily, so a huge dataset is never materialised as tasks.
+    Every job is played with ``options``. Jobs are drawn from ``jobs`` lazily, so a huge dataset is never
+    materialised as tasks.
     Closing the iterator (or cancelling its consumer) cancels the rollouts in flight.
     """
     if concurrency < 1:
@@ -227,9 +282,7 @@ async def collect_jobs(
             job = next(pending, None)
             if job is None:
                 return
-            running.add(asyncio.create_task(run_rollout(job, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
-                                                        episode_reward=episode_reward,
-                                                        max_episode_tokens=max_episode_tokens)))
+            running.add(asyncio.create_task(run_rollout(job, options)))
 
     fill()
     try:
@@ -282,18 +335,10 @@ async def collect(
         Rows in completion order; :func:`is_failure` tells failures apart.
     """
     client = ResourcesClient(server_url, timeout_s=request_timeout_s, verify_timeout_s=request_timeout_s)
-    done = set(skip)
-    keys = task_keys(rows)
-
-    def jobs() -> Iterable[RolloutJob]:
-        for position, (row, key) in enumerate(zip(rows, keys)):
-            task_index = int(row.get(TASK_INDEX_KEY, position))
-            server = server_of(row) or server_name or ""
-            prepared = apply_sampling(row, sampling)
-            for rollout_index in range(num_repeats):
-                if (server, key, rollout_index) not in done:
-                    yield RolloutJob(prepared, task_index, rollout_index, client, policy, server_name, key)
-
-    async for row in collect_jobs(jobs(), concurrency=concurrency, max_steps=max_steps, turn_timeout_s=turn_timeout_s,
-                                  episode_reward=episode_reward):
+    tasks = [Task(int(row.get(TASK_INDEX_KEY, position)), key, row, server_of(row) or server_name or "")
+             for position, (row, key) in enumerate(zip(rows, task_keys(rows)))]
+    jobs = (RolloutJob.of(planned, client, policy, server_name)
+            for planned in expand(tasks, num_repeats, sampling=sampling, is_done=skipping(skip)))
+    options = RolloutOptions(max_steps=max_steps, turn_timeout_s=turn_timeout_s, episode_reward=episode_reward)
+    async for row in collect_jobs(jobs, options, concurrency=concurrency):
         yield row

@@ -35,6 +35,7 @@ from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import server_of, task_keys
+from nemo_gym_env.rollouts.jobs import Task
 from nemo_gym_env.rollouts.manifest import RunManifest, file_digest
 from nemo_gym_env.rollouts.settings import RolloutSettings
 from nemo_gym_env.system.redaction import redact
@@ -50,19 +51,6 @@ INSTALL_LOCAL = (
 """What to do when the default (local) policy cannot run."""
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task of a run: its row as the dataset holds it, its index there, its identity."""
-
-    index: int
-    """``_ng_task_index``: the row's own, or its position among the valid rows of its dataset."""
-    key: str
-    """``_ng_task_key``: the digest of its content (:mod:`~nemo_gym_env.rollouts.identity`)."""
-    row: dict[str, Any]
-    server: str
-    """The name its rollout rows carry in ``agent_ref``: the row's own, else the target's."""
 
 
 @dataclass

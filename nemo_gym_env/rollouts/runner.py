@@ -29,10 +29,10 @@ from nemo_gym_env.envs.traits import ServerTraits, server_traits
 from nemo_gym_env.errors import EndpointUnreachable, Stopped, UsageError
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.policies.base import Policy
-from nemo_gym_env.rollouts.jobs import RolloutJob, ServerClients, apply_sampling, collect_jobs
+from nemo_gym_env.rollouts.jobs import Planned, RolloutJob, ServerClients, collect_jobs, expand
 from nemo_gym_env.rollouts.manifest import differences, read_manifest, write_manifest
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path
-from nemo_gym_env.rollouts.plan import RolloutPlan, Task
+from nemo_gym_env.rollouts.plan import RolloutPlan
 from nemo_gym_env.rollouts.report import Progress
 
 __all__ = ["open_output", "run_plan"]
@@ -82,10 +82,9 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     expected = plan.num_tasks * repeats
     # What is missing, by identity (server, task, repeat): whatever else the file holds, and
     # whichever order the tasks come in, exactly these run.
-    todo = {n: [(task, [r for r in range(repeats) if not writer.is_done(task.server, task.key, task.index, r)])
-                for task in t.tasks] for n, t in targets.items()}
-    todo = {n: [(task, missing) for task, missing in tasks if missing] for n, tasks in todo.items()}
-    remaining = sum(len(missing) for tasks in todo.values() for _, missing in tasks)
+    todo = {n: list(expand(t.tasks, repeats, sampling=settings.sampling, is_done=writer.is_done))
+            for n, t in targets.items()}
+    remaining = sum(len(planned) for planned in todo.values())
     stopped: list[int] = []
     if not remaining:  # nothing to play: no model loads, no server starts
         say(f"{expected} rollout(s), 0 to run: {writer.path} holds them all (no model loads, no server starts)")
@@ -104,19 +103,11 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
         say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
             f"{', '.join(targets)}; policy {plan.describe_policy()}; output {writer.path}")
         clients = ServerClients({n: t.url for n, t in targets.items() if t.url is not None}, timeout_s=settings.timeout)
-        sampling = settings.sampling
 
         async def jobs() -> Iterator[RolloutJob]:
             await _first_reply(plan, say)
             order = await _longest_first(todo, clients)
-
-            def each() -> Iterator[RolloutJob]:
-                for n, task, missing in order:
-                    prepared = apply_sampling(task.row, sampling)
-                    for r in missing:
-                        yield RolloutJob(prepared, task.index, r, clients[n], plan.policies[n], n, task.key)
-
-            return each()
+            return (RolloutJob.of(planned, clients[n], plan.policies[n], n) for n, planned in order)
 
         progress = Progress(expected, initial=expected - remaining)
         try:
@@ -155,8 +146,7 @@ async def _first_reply(plan: RolloutPlan, say: Callable[[str], None], quiet_s: f
             say(f"no first reply from {policy.name} in {timeout_s:g} s; the rollouts go on under the per-turn limits")
 
 
-async def _longest_first(todo: dict[str, list[tuple[Task, list[int]]]],
-                         clients: ServerClients) -> list[tuple[str, Task, list[int]]]:
+async def _longest_first(todo: dict[str, list[Planned]], clients: ServerClients) -> list[tuple[str, Planned]]:
     """The run's tasks, those whose episodes run longest first, so the batch stays full to the end.
 
     A game (a Gymnasium-protocol server) plays several turns, a task that offers tools usually a
@@ -168,13 +158,13 @@ async def _longest_first(todo: dict[str, list[tuple[Task, list[int]]]],
     traits = await asyncio.gather(*(server_traits(clients[n]) for n in names), return_exceptions=True)
     games = {n for n, t in zip(names, traits) if isinstance(t, ServerTraits) and t.protocol == "gymnasium"}
 
-    def turns(entry: tuple[str, Task, list[int]]) -> int:
-        name, task, _ = entry
+    def turns(entry: tuple[str, Planned]) -> int:
+        name, planned = entry
         if name in games:
             return 0
-        return 1 if task.row.get("responses_create_params", {}).get("tools") else 2
+        return 1 if planned.row.get("responses_create_params", {}).get("tools") else 2
 
-    return sorted(((n, task, missing) for n, tasks in todo.items() for task, missing in tasks), key=turns)
+    return sorted(((n, planned) for n, each in todo.items() for planned in each), key=turns)
 
 
 async def _collect(make_jobs: Callable[[], Awaitable[Iterator[RolloutJob]]], writer: RolloutWriter,
@@ -196,9 +186,7 @@ async def _collect(make_jobs: Callable[[], Awaitable[Iterator[RolloutJob]]], wri
     for sig in previous:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        rows = collect_jobs(await make_jobs(), concurrency=settings.concurrency, max_steps=settings.max_steps,
-                            turn_timeout_s=settings.turn_timeout, episode_reward=settings.episode_reward,
-                            max_episode_tokens=settings.max_episode_tokens)
+        rows = collect_jobs(await make_jobs(), settings.options, concurrency=settings.concurrency)
         async with contextlib.aclosing(rows):
             async for row in rows:
                 writer.write(row)

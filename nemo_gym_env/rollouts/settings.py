@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.protocol.defaults import CONCURRENCY, MAX_STEPS, ROLLOUT_REQUEST_TIMEOUT_S
 
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "ENDPOINT_DEFAULTS", "LOCAL_DEFAULTS", "RolloutSettings"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_OUTPUT", "ENDPOINT_DEFAULTS", "LOCAL_DEFAULTS", "RolloutOptions", "RolloutSettings"]
 
 DEFAULT_OUTPUT = "results/rollouts.jsonl"
 """Where rollout rows go unless ``output`` says otherwise."""
@@ -158,10 +158,33 @@ class RolloutSettings:
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     @property
+    def options(self) -> RolloutOptions:
+        """How each rollout of the run is played, as every worker gets it."""
+        return RolloutOptions(max_steps=self.max_steps, turn_timeout_s=self.turn_timeout,
+                              episode_reward=self.episode_reward, max_episode_tokens=self.max_episode_tokens)
+
+    @property
     def sampling(self) -> dict[str, float | int]:
         """The sampling overrides that are set."""
         values = {"temperature": self.temperature, "top_p": self.top_p, "max_output_tokens": self.max_output_tokens}
         return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How every rollout of a run is played: worked out once per run and handed to each worker whole.
+
+    Attributes:
+        max_steps: Model turns before an episode is verified anyway.
+        turn_timeout_s: The deadline of one policy turn (None: the policy's own), retries included.
+        episode_reward: A row's ``reward``: ``"verify"`` (the server's) or ``"sum"`` (plus the step rewards).
+        max_episode_tokens: What one episode may generate in all; then it is verified as it stands.
+    """
+
+    max_steps: int = MAX_STEPS
+    turn_timeout_s: float | None = None
+    episode_reward: str = "verify"
+    max_episode_tokens: int | None = None
 
 
 def _flag(name: str) -> str:

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from nemo_gym_env.adapters.nemo_rl import NemoRLFormatError, to_nemo_rl_result, token_turns
 from nemo_gym_env.client.resources import ResourcesClient
-from nemo_gym_env.rollouts.jobs import RolloutJob, run_rollout
+from nemo_gym_env.rollouts.jobs import RolloutJob, RolloutOptions, run_rollout
 from nemo_gym_env.rollouts.output import is_failure
 
 from ..conftest import secret_rows
@@ -36,7 +36,7 @@ def replies(secret_server: str) -> list[dict[str, Any]]:
 
     async def play() -> list[dict[str, Any]]:
         client = ResourcesClient(secret_server)
-        return [await run_rollout(RolloutJob(row, 0, k, client, policy, "secret_words"), max_steps=3)
+        return [await run_rollout(RolloutJob(row, 0, k, client, policy, "secret_words"), RolloutOptions(max_steps=3))
                 for k in range(2)]
 
     out = asyncio.run(play())
