@@ -84,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     named = _command_of(argv)
-    parser = build_parser([named] if named in COMMANDS else [])
+    try:  # the named command's module is imported here: an install that lacks what it needs gets one line
+        parser = build_parser([named] if named in COMMANDS else [])
+    except Exception as exc:  # noqa: BLE001 - as every other error
+        return _report(exc, "--debug" in argv)
     # argparse fills a nargs="*" positional once, so names and +key=value overrides written
     # after an option come back as leftovers: they belong to the command's targets.
     args, leftovers = parser.parse_known_args(argv)
@@ -112,18 +115,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("interrupted")
         return 128 + getattr(exc, "signum", 2)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line (tracebacks with --debug)
-        if debug:
-            traceback.print_exc()
-        message = str(exc) or type(exc).__name__
-        if not isinstance(exc, NemoGymError):
-            message = f"{type(exc).__name__}: {message}"
-        first, _, rest = message.partition("\n")
-        say(f"error: {first}")
-        if rest:  # e.g. a crashed server's last log lines
-            print("\n".join(f"  | {line}" for line in rest.splitlines()), file=sys.stderr)
-        if not debug and not isinstance(exc, NemoGymError):
-            say("(run with --debug for the traceback)")
-        return 1
+        return _report(exc, debug)
+
+
+def _report(exc: Exception, debug: bool) -> int:
+    """An error as one line on stderr (the traceback too with ``--debug``); the exit code, 1."""
+    if debug:
+        traceback.print_exception(exc)
+    message = str(exc) or type(exc).__name__
+    if not isinstance(exc, NemoGymError):
+        message = f"{type(exc).__name__}: {message}"
+    first, _, rest = message.partition("\n")
+    say(f"error: {first}")
+    if rest:  # e.g. a crashed server's last log lines
+        print("\n".join(f"  | {line}" for line in rest.splitlines()), file=sys.stderr)
+    if not debug and not isinstance(exc, NemoGymError):
+        say("(run with --debug for the traceback)")
+    return 1
 
 
 if __name__ == "__main__":

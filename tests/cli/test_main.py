@@ -68,3 +68,16 @@ def test_building_every_command_gives_the_same_parser_a_named_command_gets():
     argv = ["rollouts", "example_multi_step", "+x=1", "--policy", "scripted", "--num-repeats", "2"]
     a, b = every.parse_args(argv), one.parse_args(argv)
     assert vars(a) == vars(b) and a.run is b.run and a.num_repeats == 2
+
+
+def test_a_command_whose_module_does_not_import_is_one_line(monkeypatch, capsys):
+    """An install that lacks what a command needs: the command's import fails in one line, as any error does."""
+    from nemo_gym_env.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "nemo_gym_env.cli.check", None)  # its import fails
+    assert main(["check", "guess_number"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nemo-gym-env: error: ModuleNotFoundError:") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 2  # the error, then "(run with --debug for the traceback)"
+    assert main(["--debug", "check", "guess_number"]) == 1
+    assert "Traceback" in capsys.readouterr().err
