@@ -215,11 +215,27 @@ def xdist_group(path: Path) -> str:
     return relative.as_posix()
 
 
+def group_of(item: pytest.Item) -> str:
+    """The group pytest-xdist gives ``item`` (the ``@group`` of its node id): its xdist_group names, sorted, joined."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names))
+
+
+GROUP_SECONDS: dict[str, float] = json.loads((TESTS / "group_seconds.json").read_text())
+"""Seconds each group took in a measured run (``scripts/group_seconds.py`` writes them): only their order counts."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it runs only with --dist loadgroup)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
+    # The longest groups first (pytest-xdist hands out groups in this order, see pytest_configure): a long
+    # group left for the end would run alone while the other workers idle. A group the file does not know
+    # (a new test file) counts as the median; the sort is stable, so each group keeps its tests' order.
+    known = sorted(GROUP_SECONDS.values())
+    median = known[len(known) // 2] if known else 0.0
+    items.sort(key=lambda item: -GROUP_SECONDS.get(group_of(item), median))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -232,6 +248,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--dist loadgroup cannot group tests under pytest {pytest.__version__}: "
             "install the versions the 'test' extra names (pip install -e '.[test]')")
+    # Hand the groups out in the order pytest_collection_modifyitems gives them (longest first), not
+    # sorted by their number of tests (pytest-xdist's default).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 _FIGURES: list[dict[str, Any]] = []

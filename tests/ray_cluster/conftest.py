@@ -2,8 +2,9 @@
 
 Package-scoped: tests elsewhere that start a private Ray of their own (``ray.init("local")``)
 run after it is gone and this process is disconnected. Under pytest-xdist every test here is in
-one ``xdist_group`` (``--dist loadgroup`` runs them on one worker, which starts one cluster); each
-cluster has its own free port and temporary folder, so two workers with clusters do not collide.
+one ``xdist_group`` (``SHARED_STACKS`` in ``tests/conftest.py``: ``--dist loadgroup`` runs them on one
+worker, which starts one cluster); each cluster has its own free port and temporary folder, so two
+workers with clusters do not collide.
 
 The cluster's authentication token and mode are set in this process's environment at
 collection, before any test imports ``ray``: Ray reads its authentication mode at import.
@@ -24,12 +25,6 @@ if importlib.util.find_spec("ray") is None:
 
 os.environ.update({k: v for k, v in cluster_env().items() if k != "PYTHONPATH"})
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = os.path.dirname(__file__)
-    for item in items:
-        if str(item.path).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("ray_cluster"))
 
 
 @pytest.fixture(scope="package")
