@@ -15,7 +15,6 @@ the command line overrides them (Hydra), and a preset in ``recipes/conf/`` (``gp
 overrides a few at once. See ``recipes/README.md``.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -169,16 +168,14 @@ def training_rows(args: Settings) -> list[dict[str, Any]] | str | None:
 
 
 def launch_server(args: Settings, dataset: Any) -> tuple[Any, dict[str, Any]]:
-    """Start the bundled server with ``server_config`` overrides; gym.make's own start cannot take them."""
-    from nemo_gym_env.launch.catalog import bundled_dataset, bundled_spec
-    from nemo_gym_env.launch.launcher import Launcher
+    """Start the env's server with ``server_config`` over its config; gym.make's own start cannot take them."""
+    from nemo_gym_env.envs.sources import ServerSet
+    from nemo_gym_env.launch.catalog import bundled_dataset
 
     server = server_name(args.env)
-    spec = bundled_spec(server)
-    spec = dataclasses.replace(spec, config={**spec.config, **args.server_config})
-    launcher = Launcher()
-    process = launcher.start(spec)
-    return launcher, {"base_url": process.url, "dataset": dataset if dataset is not None else str(bundled_dataset(server))}
+    servers = ServerSet.launching([server], server_config={server: dict(args.server_config)})
+    (url,) = servers.start(auto_restart=False).values()
+    return servers, {"base_url": url, "dataset": dataset if dataset is not None else str(bundled_dataset(server))}
 
 
 def check_disjoint(train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]]) -> None:
@@ -366,9 +363,9 @@ def main(cfg: DictConfig) -> None:
     started = time.perf_counter()
 
     # 1. The environment: its server (bundled, embedded by gym.make unless overridden) and its tasks.
-    launcher, env_kwargs = None, {}
+    servers, env_kwargs = None, {}
     if args.server_config and args.base_url is None:
-        launcher, env_kwargs = launch_server(args, dataset)
+        servers, env_kwargs = launch_server(args, dataset)
     elif args.base_url is not None:
         env_kwargs = {"base_url": args.base_url}
     if dataset is not None:
@@ -469,8 +466,8 @@ def main(cfg: DictConfig) -> None:
             evaluate(trainer.model, trainer.state.global_step)
     finally:
         close()
-        if launcher is not None:
-            launcher.close()
+        if servers is not None:
+            servers.close()
 
     # 4. Results.
     if args.save_model:

@@ -25,12 +25,9 @@ from typing import Any
 
 from nemo_gym_env.adapters.nemo_rl.policy import PolicySource, build_policy, default_policies
 from nemo_gym_env.adapters.nemo_rl.results import to_nemo_rl_result
-from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.loop import background_loop
+from nemo_gym_env.envs.sources import ServerSet
 from nemo_gym_env.errors import NemoRLFormatError, RolloutFailed
-from nemo_gym_env.launch.catalog import bundled_spec
-from nemo_gym_env.launch.config import ServerSpec, agent_routes, load_config, server_specs
-from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.policies.base import Policy
 from nemo_gym_env.protocol.defaults import MAX_STEPS, TRAINER_CONCURRENCY, TRAINER_REQUEST_TIMEOUT_S
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, TASK_INDEX_KEY
@@ -146,7 +143,7 @@ class NemoGymRollouts:
         self.servers: dict[str, str] = {}
         self._routes: dict[str, str] = {}
         self._policies: list[Policy] = []
-        self._launcher: Launcher | RayLauncher | None = None
+        self._launched = ServerSet()
         self._clients = ServerClients({})
         self.tokenizer: Any = None
         self._ready = False
@@ -183,9 +180,7 @@ class NemoGymRollouts:
 
     def shutdown(self) -> None:
         """Stop the servers this producer launched; safe to call twice."""
-        if self._launcher is not None:
-            self._launcher.close()
-            self._launcher = None
+        self._launched.close()
         self._ready = False
 
     async def run_rollouts(self, rows: Sequence[dict[str, Any]], timer_prefix: str = "timing/rollout",
@@ -209,9 +204,10 @@ class NemoGymRollouts:
         if not rows:
             raise ValueError("the rollout batch must not be empty")
         self._spinup()
-        if isinstance(self._launcher, RayLauncher):  # a server placed again after its node was lost: follow it
-            moved = self._clients.retarget(self._launcher.urls)
-            self.servers.update({name: self._launcher.urls[name] for name in moved})
+        launcher = self._launched.launcher
+        if isinstance(launcher, RayLauncher):  # a server placed again after its node was lost: follow it
+            moved = self._clients.retarget(launcher.urls)
+            self.servers.update({name: launcher.urls[name] for name in moved})
         jobs = [self._job(position, row) for position, row in enumerate(rows)]
         slots = asyncio.Semaphore(self.settings.concurrency)
         tensors = self._tensors()
@@ -303,32 +299,28 @@ class NemoGymRollouts:
     def _find_servers(self) -> dict[str, str]:
         settings = self.settings
         if self._server_override:
-            return {k: v.rstrip("/") for k, v in self._server_override.items()}
-        found = {k: str(v).rstrip("/") for k, v in (settings.server_urls or {}).items()}
-        if settings.head_url:
-            found.update(fetch_servers(settings.head_url))
-        specs = self._specs()
-        if specs:
-            found.update(self._launch(specs))
-        return found
+            return ServerSet.running(self._server_override).urls
+        running = ServerSet.running(settings.server_urls, head_url=settings.head_url or None)
+        self._launched = self._to_launch()
+        self._routes = self._launched.routes
+        if self._launched:
+            launcher = RayLauncher(host=settings.server_host) if settings.placement == "ray" else None
+            self._launched.start(launcher=launcher)
+        return (running | self._launched).urls
 
-    def _specs(self) -> list[ServerSpec]:
+    def _to_launch(self) -> ServerSet:
         """The servers to launch: bundled ones and those of ``config_paths``, with the block's overrides."""
-        specs = [bundled_spec(name) for name in self.settings.servers]
-        if self.settings.config_paths:
-            cfg = load_config(list(self.settings.config_paths), env_yaml=None)
-            specs += server_specs(cfg)
-            self._routes = agent_routes(cfg)
+        servers = ServerSet.launching(self.settings.servers, config_paths=self.settings.config_paths or ())
         address = self.settings.ray_head_node_address or self._ray_address()
-        out = []
-        for spec in specs:
+        for server in servers:
+            spec = server.spec
             override = (((self._block.get(spec.instance_name) or {}).get(spec.server_type) or {})
                         .get(spec.impl_name) or {})
             config = {**spec.config, **dict(override)}
             if address:
                 config.setdefault(RAY_ADDRESS_KEY, address)  # NeMo Gym's global key, per server here
-            out.append(replace(spec, config=config))
-        return out
+            server.spec = replace(spec, config=config)
+        return servers
 
     def _ray_address(self) -> str | None:
         """The cluster this process is connected to, if any (without importing ray)."""
@@ -337,9 +329,3 @@ class NemoGymRollouts:
             return None
         return ray.get_runtime_context().gcs_address
 
-    def _launch(self, specs: list[ServerSpec]) -> dict[str, str]:
-        if self.settings.placement == "ray":
-            self._launcher = RayLauncher(host=self.settings.server_host)
-        else:
-            self._launcher = Launcher(auto_restart=True)
-        return {proc.name: proc.url for proc in self._launcher.start_all(specs)}

@@ -68,25 +68,19 @@ def _launch_targets(target: str) -> list[tuple[Any, list[dict[str, Any]]]]:
     """``(spec, example rows)`` of every resources server a name or config path stands for."""
     from nemo_gym_env.bridge.datasets import example_rows
     from nemo_gym_env.bridge.targets import is_hosted
-    from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
-    from nemo_gym_env.launch.config import load_config, server_specs
-    from nemo_gym_env.rollouts.plan import load_run_config
+    from nemo_gym_env.envs.sources import ServerSet
 
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        cfg = load_config([target], env_yaml=None)
+        servers = ServerSet.launching(config_paths=[target])
     else:
-        cfg = load_run_config([target], [], None)
+        servers = ServerSet.launching([target])
     found = []
-    for spec in server_specs(cfg):
-        if is_hosted(spec):
-            rows = example_rows(spec.config)
-        elif spec.instance_name in bundled_servers():
-            rows = _rows(bundled_dataset(spec.instance_name))
+    for server in servers:
+        if is_hosted(server.spec):
+            rows = example_rows(server.config)
         else:
-            folder = Path(spec.config_dir) if spec.config_dir else None
-            folder = folder.parent if folder is not None and folder.name == "configs" else folder
-            rows = _rows(folder / "data" / "example.jsonl") if folder else []
-        found.append((spec, rows))
+            rows = _rows(server.examples) if server.examples is not None else []
+        found.append((server.spec, rows))
     if not found:
         raise UsageError(f"{target}: no resources server to check")
     return found
@@ -111,14 +105,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     for url in urls:
         reports.append(background_loop().run(check_server(url, given or [], settings)))
     if launching:
-        from nemo_gym_env.launch.launcher import Launcher
+        from nemo_gym_env.envs.sources import Server, ServerSet
 
-        with Launcher() as launcher:
-            say(f"starting {', '.join(spec.instance_name for spec, _ in launching)} ...")
-            processes = launcher.start_all([spec for spec, _ in launching])
-            for (spec, rows), process in zip(launching, processes):
-                report = background_loop().run(check_server(process.url, given or rows, settings))
-                report.target = f"{spec.instance_name} ({process.url})"
+        with ServerSet(Server(spec.instance_name, spec=spec) for spec, _ in launching) as servers:
+            say(f"starting {', '.join(servers.names)} ...")
+            urls = servers.start(auto_restart=False)  # a server that dies under the checks is reported, not restarted
+            for spec, rows in launching:
+                report = background_loop().run(check_server(urls[spec.instance_name], given or rows, settings))
+                report.target = f"{spec.instance_name} ({urls[spec.instance_name]})"
                 reports.append(report)
     if args.json:
         print(json.dumps([r.as_json() for r in reports] if len(reports) > 1 else reports[0].as_json(), indent=2))

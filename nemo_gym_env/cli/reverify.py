@@ -13,14 +13,11 @@ import signal
 from pathlib import Path
 
 from nemo_gym_env.cli.common import add_env_yaml, describe, env_yaml_path, say, split_targets
-from nemo_gym_env.client.head_client import fetch_servers
 from nemo_gym_env.client.resources import ResourcesClient
+from nemo_gym_env.envs.sources import ServerSet
 from nemo_gym_env.errors import Stopped, UsageError
-from nemo_gym_env.launch.config import server_specs
-from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.rollouts.identity import server_of
 from nemo_gym_env.rollouts.output import RolloutWriter, failures_path, metrics_path
-from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import Progress, write_metrics
 from nemo_gym_env.rollouts.reverify import (
     change_table,
@@ -89,33 +86,26 @@ def cmd_reverify(args: argparse.Namespace) -> int:
         raise UsageError("the output is the input file; write the re-verified rows to another -o/--output")
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
-    if args.server_url and args.head_url:
-        raise UsageError("give --head-url or --server-url, not both")
     total = check_input(source)
     names, overrides = split_targets(args.targets)
     per_server, rows_played = input_servers(source)
-    launcher = None
     stopped: list[int] = []
     played: set[str] = set()  # Gymnasium-protocol servers known from their rows: skipped, never started
+    if args.server_url or args.head_url:
+        servers = ServerSet.of(names, server_url=args.server_url, head_url=args.head_url)
+    else:
+        configured = any("config_paths" in o for o in overrides)
+        # The servers the rows name, unless the command names them (or a config brings them).
+        wanted = names or ([] if configured else sorted(n for n in per_server if n))
+        if not wanted and not configured:
+            raise UsageError("the rows name no server (agent_ref); name one, or give --server-url")
+        played = rows_played
+        servers = ServerSet.launching([n for n in wanted if n not in played], overrides, env_yaml=env_yaml_path(args))
     try:
-        if args.server_url:
-            targets = {names[0] if names else "server": args.server_url.rstrip("/")}
-        elif args.head_url:
-            targets = fetch_servers(args.head_url)
-        else:
-            configured = any("config_paths" in o for o in overrides)
-            # The servers the rows name, unless the command names them (or a config brings them).
-            wanted = names or ([] if configured else sorted(n for n in per_server if n))
-            if not wanted and not configured:
-                raise UsageError("the rows name no server (agent_ref); name one, or give --server-url")
-            played = rows_played
-            cfg = load_run_config([n for n in wanted if n not in played], overrides, env_yaml_path(args))
-            specs = [spec for spec in server_specs(cfg) if spec.instance_name not in played]
-            targets = {}
-            if specs:
-                launcher = Launcher(auto_restart=True, log_dir=args.log_dir)
-                targets = {proc.name: proc.url for proc in launcher.start_all(specs)}
-                say(f"started {len(targets)} server(s): {', '.join(targets)}")
+        started = [s.name for s in servers if s.name not in played and s.url is None]
+        targets = servers.start(started, log_dir=args.log_dir)
+        if started:
+            say(f"started {len(started)} server(s): {', '.join(started)}")
         route = _route(targets, played)
         for name in per_server:  # every row has a server before anything is written
             route({"agent_ref": {"name": name}} if name else {})
@@ -142,8 +132,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Stopped
         stopped.append(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
     finally:
-        if launcher is not None:
-            launcher.close()
+        servers.close()
     if stopped:
         say(f"interrupted: {output} holds every finished row; rerun with --resume to finish")
         return 128 + int(stopped[0])

@@ -9,12 +9,11 @@ import sys
 import time
 
 from nemo_gym_env.cli.common import PROG, add_env_yaml, describe, env_yaml_path, say, split_targets
+from nemo_gym_env.envs.sources import ServerSet
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers
-from nemo_gym_env.launch.config import ServerSpec, other_instances, server_specs
+from nemo_gym_env.launch.config import ServerSpec, other_instances
 from nemo_gym_env.launch.head_server import HeadServer, head_address
-from nemo_gym_env.launch.launcher import Launcher
-from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.system.net import is_loopback
 from nemo_gym_env.system.processes import sigterm_raises
 
@@ -43,17 +42,16 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Start servers and the head server; run until Ctrl-C or SIGTERM."""
     names, overrides = split_targets(args.targets)
-    cfg = load_run_config(names, overrides, env_yaml_path(args))
-    specs = server_specs(cfg)
-    if not specs:
+    servers = ServerSet.launching(names, overrides, env_yaml=env_yaml_path(args))
+    cfg = servers.cfg
+    if not servers:
         raise UsageError(
             "nothing to serve: name bundled servers (see `nemo-gym-env list`) or pass \"+config_paths=[...]\""
         )
-    if getattr(args, "mcp", False):
-        specs = [with_mcp(spec) for spec in specs]
     chosen = {key: value for key in ("http", "loop") if (value := getattr(args, key, None))}
-    if chosen:
-        specs = [dataclasses.replace(spec, config={**spec.config, **chosen}) for spec in specs]
+    for server in servers:
+        spec = with_mcp(server.spec) if getattr(args, "mcp", False) else server.spec
+        server.spec = dataclasses.replace(spec, config={**spec.config, **chosen})
     for name, stype in other_instances(cfg):
         say(f"not starting {name!r} ({stype}): nemo-gym-env plays the agent and the model itself (`rollouts`)")
     host, port = head_address(cfg)
@@ -61,11 +59,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         say(f"warning: the head server listens on {host}, reachable from the network (secrets stay redacted)")
     started = time.monotonic()
     with sigterm_raises():
-        launcher = head = None
+        head = None
         try:
             head = HeadServer(cfg, host=host, port=port)  # bind first: a taken port fails fast
-            launcher = Launcher(stream_logs=True, auto_restart=True, log_dir=args.log_dir)
-            head.processes = launcher.start_all(specs)
+            servers.start(stream_logs=True, log_dir=args.log_dir)
+            running = servers.launcher.servers
+            head.processes = [running[name] for name in servers.names]
             head.start()
             elapsed = time.monotonic() - started
             width = max(len("head_server"), *(len(p.name) for p in head.processes))
@@ -73,7 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             mcp = "  (MCP: {}/mcp)" if getattr(args, "mcp", False) else ""
             lines += [f"  {p.name:<{width}}  {p.url}{mcp.format(p.url)}" for p in head.processes]
             lines.append(f"  {'head_server':<{width}}  {head.url}  (GET /servers, GET /global_config_dict_yaml)")
-            lines.append(f"logs: {launcher.log_dir}" + ("" if args.log_dir else " (removed on exit)"))
+            lines.append(f"logs: {servers.launcher.log_dir}" + ("" if args.log_dir else " (removed on exit)"))
             lines.append(f"rollouts against them: {PROG} rollouts --head-url {head.url} --policy ...")
             lines.append("Ctrl-C to stop.")
             print("\n".join(lines), flush=True)
@@ -86,8 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         finally:
             if head is not None:
                 head.stop()
-            if launcher is not None:
-                launcher.close()
+            servers.close()
 
 
 def with_mcp(spec: ServerSpec) -> ServerSpec:

@@ -15,11 +15,11 @@ import yaml
 
 from nemo_gym_env.cli.common import PROG, add_env_yaml, describe, env_yaml_path, split_targets
 from nemo_gym_env.envs.registration import env_id
+from nemo_gym_env.envs.sources import ServerSet
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import bundled_dataset, bundled_servers, bundled_spec
 from nemo_gym_env.launch.head_server import public_config
 from nemo_gym_env.protocol.dataset import iter_rows
-from nemo_gym_env.rollouts.plan import load_run_config
 from nemo_gym_env.rollouts.report import text_table
 from nemo_gym_env.server.scaffold import init_server
 
@@ -98,7 +98,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the merged config as YAML, secrets redacted."""
     names, overrides = split_targets(args.targets)
-    cfg = load_run_config(names, overrides, env_yaml_path(args))
+    cfg = ServerSet.launching(names, overrides, env_yaml=env_yaml_path(args)).cfg
     sys.stdout.write(yaml.safe_dump(public_config(cfg), sort_keys=False, allow_unicode=True))
     return 0
 
@@ -133,17 +133,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     for f in files:
         print(f"  {f}")
     rel = os.path.relpath(root)
-    name = args.name
+    folder = rel if os.sep in rel or rel.startswith(".") else f".{os.sep}{rel}"  # a path, never a bundled name
     test = f"python -m pytest {rel}/tests -q"
     if importlib.util.find_spec("pytest") is None:  # not part of the package's own install
         test = f"python -m pip install pytest && {test}"
     print(
         "\nnext:\n"
         f"  {test}\n"
-        f"  {PROG} serve \"+config_paths=[{rel}/configs/{name}.yaml]\"\n"
-        f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy local"
-        "   # offline: the embedded model (the `local` extra)\n"
-        f"  {PROG} rollouts \"+config_paths=[{rel}/configs/{name}.yaml]\" --input {rel}/data/example.jsonl --policy openai"
-        "  # your endpoint (env.yaml)"
+        f"  {PROG} serve {folder}\n"
+        f"  {PROG} rollouts {folder} --policy local    # offline: the embedded model (the `local` extra)\n"
+        f"  {PROG} rollouts {folder} --policy openai   # your endpoint (env.yaml)"
     )
     return 0

@@ -7,8 +7,8 @@
 - :mod:`~nemo_gym_env.envs.episode`: :class:`Episode`, the state and steps both share;
 - :mod:`~nemo_gym_env.envs.actions`: what a model turn may be, normalised into items;
 - :mod:`~nemo_gym_env.envs.spaces`: the observation and action spaces;
-- :mod:`~nemo_gym_env.envs.sources`, :mod:`~nemo_gym_env.envs.tasks`: where the server is,
-  which task a reset picks;
+- :mod:`~nemo_gym_env.envs.sources`, :mod:`~nemo_gym_env.envs.tasks`: where servers are (:class:`ServerSet`,
+  the one every entry point takes its servers from), which task a reset picks;
 - :mod:`~nemo_gym_env.envs.make`, :mod:`~nemo_gym_env.envs.registration`: ``gym.make`` and the
   ``NemoGym/*`` ids.
 """
@@ -26,18 +26,20 @@ if TYPE_CHECKING:
     from nemo_gym_env.envs.mixture import mixture_rows
     from nemo_gym_env.envs.mixture_vector import NemoGymMixtureVectorEnv
     from nemo_gym_env.envs.registration import GENERIC_ID, MIXTURE_ID, env_id, register_envs
+    from nemo_gym_env.envs.sources import ServerSet
     from nemo_gym_env.envs.spaces import JsonItems, ResponsesAction
     from nemo_gym_env.envs.vector import NemoGymVectorEnv
 
 __all__ = [
     "GENERIC_ID",
+    "MIXTURE_ID",
     "Episode",
     "JsonItems",
-    "MIXTURE_ID",
     "NemoGymEnv",
     "NemoGymMixtureVectorEnv",
     "NemoGymVectorEnv",
     "ResponsesAction",
+    "ServerSet",
     "env_id",
     "mixture_rows",
     "normalize_action",
@@ -53,4 +55,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "NemoGymMixtureVectorEnv": "nemo_gym_env.envs.mixture_vector",
     **dict.fromkeys(("JsonItems", "ResponsesAction"), "nemo_gym_env.envs.spaces"),
     "NemoGymVectorEnv": "nemo_gym_env.envs.vector",
+    "ServerSet": "nemo_gym_env.envs.sources",
 })

@@ -15,9 +15,10 @@ __all__ = ["pick_task", "task_rows"]
 
 
 def task_rows(handle: ServerHandle, dataset: str | Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The task rows an env plays: ``dataset``, or the bundled server's own example data."""
+    """The task rows an env plays: ``dataset``, or the server's own example data."""
     if dataset is None and handle.default_dataset is None:
-        raise ValueError("dataset is required with base_url or config_paths: a JSONL path or a list of rows")
+        raise ValueError("dataset is required with base_url, or with a config whose server folder has no "
+                         "data/example.jsonl: a JSONL path or a list of rows")
     return load_rows(handle.default_dataset if dataset is None else dataset)
 
 

@@ -19,18 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_env.bridge.datasets import example_rows
-from nemo_gym_env.bridge.targets import check_hosted, hosted_library, is_hosted, is_target, target_config
-from nemo_gym_env.client.head_client import fetch_servers
+from nemo_gym_env.bridge.targets import hosted_library, is_hosted
+from nemo_gym_env.envs.sources import Server, ServerSet, merged_config
 from nemo_gym_env.errors import UsageError
 from nemo_gym_env.launch.catalog import (
-    bundled_config_path,
-    bundled_dataset,
     bundled_servers,
     bundled_spec,
     missing_extra,
     missing_program,
 )
-from nemo_gym_env.launch.config import ServerSpec, agent_routes, config_value, load_config, server_specs
+from nemo_gym_env.launch.config import ServerSpec, config_value
 from nemo_gym_env.policies import POLICY_KINDS, Policy, make_policy
 from nemo_gym_env.protocol.dataset import iter_rows
 from nemo_gym_env.protocol.keys import TASK_INDEX_KEY
@@ -40,7 +38,7 @@ from nemo_gym_env.rollouts.manifest import RunManifest, file_digest
 from nemo_gym_env.rollouts.settings import RolloutSettings
 from nemo_gym_env.system.redaction import redact
 
-__all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "Task", "load_run_config", "plan_rollouts", "route_row"]
+__all__ = ["INSTALL_LOCAL", "RolloutPlan", "Target", "Task", "plan_rollouts", "route_row"]
 
 INSTALL_LOCAL = (
     "the default policy runs the embedded local model (SmolLM2-135M-Instruct) and needs torch and "
@@ -55,17 +53,30 @@ Say = Callable[[str], None]
 
 @dataclass
 class Target:
-    """One resources server of a rollouts run."""
+    """One resources server of a rollouts run, and the tasks it plays."""
 
-    name: str
-    url: str | None = None
-    """None until the run launches it."""
-    spec: ServerSpec | None = None
-    """How to launch it (None for a running server)."""
-    bundled: str | None = None
-    """The bundled server it is (its scripted player, its example data), if any."""
+    server: Server
     tasks: list[Task] = field(default_factory=list)
     """Every task it plays."""
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    @property
+    def url(self) -> str | None:
+        """None until the run starts it."""
+        return self.server.url
+
+    @property
+    def spec(self) -> ServerSpec | None:
+        """How to launch it (None for a running server)."""
+        return self.server.spec
+
+    @property
+    def bundled(self) -> str | None:
+        """The bundled server it is (its scripted player, its example data), if any."""
+        return self.server.bundled
 
 
 @dataclass
@@ -73,7 +84,8 @@ class RolloutPlan:
     """What a rollouts run will do, resolved and checked."""
 
     settings: RolloutSettings
-    cfg: Any
+    servers: ServerSet
+    """Every server of the run; :func:`~nemo_gym_env.rollouts.runner.run_plan` starts those it plays on."""
     kind: str
     """The policy kind."""
     targets: dict[str, Target]
@@ -84,6 +96,11 @@ class RolloutPlan:
     deferred: Say | None = None
     """Set while a background load waits for :meth:`start_loading` (its ``say``): a run with nothing left to
     play never loads the model."""
+
+    @property
+    def cfg(self) -> Any:
+        """The merged config (policy keys of env.yaml included)."""
+        return self.servers.cfg
 
     def start_loading(self) -> None:
         """Start the deferred model load in a background thread (once; nothing if nothing is deferred)."""
@@ -114,8 +131,8 @@ class RolloutPlan:
         if settings.input:
             inputs = {str(settings.input): file_digest(settings.input)}
         else:
-            inputs = {f"bundled:{t.bundled}": file_digest(bundled_dataset(t.bundled))
-                      for t in self.targets.values() if t.bundled is not None}
+            inputs = {f"bundled:{t.bundled}" if t.bundled else str(examples): file_digest(examples)
+                      for t in self.targets.values() if (examples := t.server.examples) is not None}
         return RunManifest(num_repeats=settings.num_repeats, policy=policy, sampling=dict(settings.sampling),
                            inputs=inputs, episode_reward=settings.episode_reward)
 
@@ -126,23 +143,6 @@ class RolloutPlan:
         if self.kind == "openai":
             text += f" at {self.settings.base_url or config_value(self.cfg, 'policy_base_url')}"
         return redact(text)
-
-
-def load_run_config(names: Iterable[str], overrides: Iterable[str], env_yaml: str | None) -> Any:
-    """The merged config of bundled server ``names`` plus Hydra ``overrides`` (and ``env_yaml``).
-
-    A name may also be a hosted env, ``gymnasium:ENV_ID`` or ``textarena:GAME``
-    (:mod:`~nemo_gym_env.bridge.targets`): its server is built here once, so a wrong id fails now, in one line.
-    """
-    names = list(names)
-    hosted = [n for n in names if is_target(n)]
-    base = {key: value for n in hosted for key, value in target_config(n).items()}
-    cfg = load_config([bundled_config_path(n) for n in names if n not in hosted], list(overrides),
-                      env_yaml=env_yaml, base=base or None)
-    for spec in server_specs(cfg):
-        if is_hosted(spec):
-            check_hosted(spec.instance_name, spec.config)
-    return cfg
 
 
 def route_row(row: Mapping[str, Any], servers: Iterable[str], routes: Mapping[str, str] | None = None) -> str:
@@ -175,23 +175,22 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None,
     take seconds; :func:`~nemo_gym_env.rollouts.runner.run_plan` waits for it with
     :meth:`RolloutPlan.ready`, and a model that cannot load fails the run there).
     """
-    names = list(dict.fromkeys(settings.servers))
-    launching = not (settings.head_url or settings.server_url)
-    cfg = load_run_config(names if launching else [], settings.overrides, settings.env_yaml)
-    targets = _targets(settings, names, cfg)
+    servers = ServerSet.of(settings.servers, settings.overrides, env_yaml=settings.env_yaml,
+                           server_url=settings.server_url, head_url=settings.head_url)
+    if settings.head_url or settings.server_url:  # the policy's keys of env.yaml and the overrides still count
+        servers.cfg = merged_config([], settings.overrides, settings.env_yaml)
     kind = _policy_kind(settings)
     settings = settings.for_policy(kind)  # the local policy's defaults: greedy, short turns, full batches
-    if not targets:  # nothing named, nothing configured: every bundled server that judges its episodes
+    if not servers:  # nothing named, nothing configured: every bundled server that judges its episodes
         names = _default_servers(say)
         if kind == "scripted":
             unplayable = [n for n in names if not _has_scripted_player(n)]
             if unplayable:
                 say(f"skipping {', '.join(unplayable)}: no scripted player (scripted.py)")
             names = [n for n in names if n not in unplayable]
-        cfg = load_run_config(names, settings.overrides, settings.env_yaml)
-        targets = _targets(settings, names, cfg)
-
-    problems = _select_rows(settings, targets, agent_routes(cfg))
+        servers = ServerSet.launching(names, settings.overrides, env_yaml=settings.env_yaml)
+    targets = {s.name: Target(s) for s in servers}
+    problems = _select_rows(settings, targets, servers.routes)
     for path, line, reason in problems:
         say(f"{path}:{line}: {reason}")
     if problems:
@@ -201,41 +200,12 @@ def plan_rollouts(settings: RolloutSettings, *, say: Say = lambda message: None,
     targets = {n: t for n, t in targets.items() if t.tasks}
     if not targets:
         raise UsageError("no valid task rows to run")
-    plan = RolloutPlan(settings, cfg, kind, targets)
+    plan = RolloutPlan(settings, servers, kind, targets)
     if kind == "local" and background:
         plan.deferred = say  # loads once the run knows it has rollouts to play, while its servers start
     else:
         plan.policies = _policies(plan, say)
     return plan
-
-
-# ---- servers -----------------------------------------------------------------------------------
-
-
-def _bundled_name(*candidates: str) -> str | None:
-    bundled = bundled_servers()
-    return next((c for c in candidates if c in bundled), None)
-
-
-def _targets(settings: RolloutSettings, names: list[str], cfg: Any) -> dict[str, Target]:
-    if settings.head_url:
-        found = fetch_servers(settings.head_url)
-        if names:
-            unknown = [n for n in names if n not in found]
-            if unknown:
-                raise UsageError(f"the head server at {settings.head_url} has no server {unknown[0]!r}; "
-                                 f"it has: {', '.join(found)}")
-            found = {n: found[n] for n in names}
-        if not found:
-            raise UsageError(f"the head server at {settings.head_url} reports no servers")
-        return {n: Target(n, url=u, bundled=_bundled_name(n)) for n, u in found.items()}
-    if settings.server_url:
-        if len(names) > 1:
-            raise UsageError("--server-url is one server; name at most one with --server")
-        name = names[0] if names else "server"
-        return {name: Target(name, url=settings.server_url.rstrip("/"), bundled=_bundled_name(name))}
-    return {s.instance_name: Target(s.instance_name, spec=s, bundled=_bundled_name(s.instance_name, s.impl_name))
-            for s in server_specs(cfg)}
 
 
 # ---- tasks -------------------------------------------------------------------------------------
@@ -287,10 +257,10 @@ def _select_rows(settings: RolloutSettings, targets: dict[str, Target],
         if target.bundled is None and target.spec is not None and is_hosted(target.spec):
             made = example_rows(target.spec.config)  # a hosted env's rows: one per seed
             rows = list(enumerate(made[:settings.limit] if settings.limit is not None else made, 1))
-        elif target.bundled is None:
-            raise UsageError(f"server {target.name!r} has no bundled example data; pass --input tasks.jsonl")
+        elif target.server.examples is None:
+            raise UsageError(f"server {target.name!r} has no example data (data/example.jsonl); pass --input tasks.jsonl")
         else:
-            rows = read(bundled_dataset(target.bundled))
+            rows = read(target.server.examples)
         for position, ((_, row), key) in enumerate(zip(rows, task_keys(row for _, row in rows))):
             add(target, position, key, row)
     return problems

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from nemo_gym_env.envs.traits import ServerTraits, server_traits
 from nemo_gym_env.errors import EndpointUnreachable, Stopped, UsageError
-from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.policies.base import Policy
 from nemo_gym_env.rollouts.jobs import Planned, RolloutJob, ServerClients, collect_jobs, expand
 from nemo_gym_env.rollouts.manifest import differences, read_manifest, write_manifest
@@ -89,15 +88,12 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     if not remaining:  # nothing to play: no model loads, no server starts
         say(f"{expected} rollout(s), 0 to run: {writer.path} holds them all (no model loads, no server starts)")
         return stopped
-    launcher = None
     try:
         plan.start_loading()  # a local model loads while the servers start
-        to_launch = [targets[n].spec for n, tasks in todo.items() if tasks and targets[n].url is None]
+        to_launch = [n for n, tasks in todo.items() if tasks and targets[n].url is None]
         if to_launch:
             started = time.monotonic()
-            launcher = Launcher(auto_restart=True, stream_logs=settings.stream_logs, log_dir=settings.log_dir)
-            for proc in launcher.start_all(to_launch):
-                targets[proc.name].url = proc.url
+            plan.servers.start(to_launch, stream_logs=settings.stream_logs, log_dir=settings.log_dir)
             say(f"started {len(to_launch)} server(s) in {time.monotonic() - started:.1f} s")
         plan.ready()  # a model loading meanwhile (plan_rollouts(background=True))
         say(f"{expected} rollout(s), {remaining} to run: {expected // repeats} task(s) x {repeats} on "
@@ -120,8 +116,7 @@ def run_plan(plan: RolloutPlan, writer: RolloutWriter, *, say: Callable[[str], N
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Stopped
         stopped.append(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
     finally:
-        if launcher is not None:
-            launcher.close()
+        plan.servers.close()
     return stopped
 
 

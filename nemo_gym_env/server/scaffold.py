@@ -108,7 +108,7 @@ def _example_rows() -> list[dict]:
 
 _CONFIG = """\
 # Resources server made by `nemo-gym-env init` (NeMo Gym's config format).
-# Serve it:  nemo-gym-env serve "+config_paths=[__NAME__/configs/__NAME__.yaml]"
+# Serve it:  nemo-gym-env serve ./__NAME__   (from the folder holding __NAME__/)
 __NAME__:
   resources_servers:
     __NAME__:
@@ -127,7 +127,7 @@ Tools:
 Reward: 1.0 when the last assistant message contains the row's ``expected_answer``, else 0.0.
 Metric: ``num_tool_calls``.
 
-Serve it: ``nemo-gym-env serve "+config_paths=[__NAME__/configs/__NAME__.yaml]"``.
+Serve it: ``nemo-gym-env serve ./__NAME__`` (from the folder holding ``__NAME__/``).
 """
 
 from __future__ import annotations
@@ -287,13 +287,12 @@ Replace both with your environment's tools and checks.
 python -m pip install pytest                                           # once: the tests run on pytest
 python -m pytest __NAME__/tests -q                                     # test it
 nemo-gym-env validate __NAME__/data/example.jsonl                      # check the tasks
-nemo-gym-env serve "+config_paths=[__NAME__/configs/__NAME__.yaml]"    # serve it (and a head server)
-nemo-gym-env rollouts "+config_paths=[__NAME__/configs/__NAME__.yaml]" \\
-    --input __NAME__/data/example.jsonl --policy local                  # rollouts offline: the embedded model
-nemo-gym-env rollouts "+config_paths=[__NAME__/configs/__NAME__.yaml]" \\
-    --input __NAME__/data/example.jsonl --policy openai                 # rollouts with the model of env.yaml
+nemo-gym-env serve ./__NAME__                                          # serve it (and a head server)
+nemo-gym-env rollouts ./__NAME__ --policy local                        # rollouts offline: the embedded model
+nemo-gym-env rollouts ./__NAME__ --policy openai                       # rollouts with the model of env.yaml
 ```
 
-In Python: `gym.make("NemoGym/Generic-v0", config_paths=["__NAME__/configs/__NAME__.yaml"],
-dataset="__NAME__/data/example.jsonl")`.
+A server folder is a name wherever a bundled server's name goes (`serve`, `rollouts`, `check`, `gym.make`);
+its tasks are `data/example.jsonl` unless `--input` names others. In Python:
+`gym.make("NemoGym/Generic-v0", server="./__NAME__")`.
 """
