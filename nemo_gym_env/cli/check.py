@@ -71,7 +71,7 @@ def _launch_targets(target: str) -> list[tuple[Any, list[dict[str, Any]]]]:
     from nemo_gym_env.envs.sources import ServerSet
 
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        servers = ServerSet.launching(config_paths=[target])
+        servers = ServerSet.launching(config_paths=[target], check=False)  # its rows build a hosted env, naming it
     else:
         servers = ServerSet.launching([target])
     found = []

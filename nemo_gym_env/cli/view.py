@@ -9,7 +9,6 @@ from typing import Any
 from nemo_gym_env.cli.common import add_env_yaml, add_listen, describe, env_yaml_path, split_targets
 from nemo_gym_env.envs.registration import GENERIC_ID, env_id
 from nemo_gym_env.errors import UsageError
-from nemo_gym_env.launch.catalog import bundled_spec
 from nemo_gym_env.launch.config import parse_overrides
 from nemo_gym_env.rollouts.settings import DEFAULT_OUTPUT
 from nemo_gym_env.viewer.play_app import EnvSpec
@@ -90,8 +89,15 @@ def cmd_play(args: argparse.Namespace) -> int:
             kwargs["server"] = names[0]
         spec = EnvSpec(GENERIC_ID, kwargs)
     elif names:
-        bundled_spec(names[0])  # an unknown name fails here, listing the bundled ones
-        spec = EnvSpec(env_id(names[0]), kwargs)
+        from nemo_gym_env.envs.sources import ServerSet
+
+        servers = ServerSet.launching(names, check=False)  # an unknown name fails here, listing the bundled ones
+        if len(servers) != 1:
+            raise UsageError(f"{names[0]} defines {len(servers)} servers; play one: \"+config_paths=[...]\" and its NAME")
+        if next(iter(servers)).bundled == names[0]:
+            spec = EnvSpec(env_id(names[0]), kwargs)
+        else:  # a server folder, a gymnasium:/textarena: target: its example rows, or one row per seed
+            spec = EnvSpec(GENERIC_ID, {**kwargs, "server": names[0]})
     else:
         raise UsageError("name a server to play: a bundled NAME (see `nemo-gym-env list`), \"+config_paths=[...]\" "
                          "or --server-url URL --input tasks.jsonl")

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from nemo_gym_env.bridge.targets import check_hosted, is_hosted, is_target, target_config
 from nemo_gym_env.errors import UsageError
@@ -22,6 +22,7 @@ from nemo_gym_env.launch.catalog import bundled_config_path, bundled_servers
 from nemo_gym_env.launch.config import ServerSpec, agent_routes, load_config, server_specs
 from nemo_gym_env.launch.launcher import Launcher
 from nemo_gym_env.launch.shared import acquire_server, release_server
+from nemo_gym_env.system.closing import Closing
 
 __all__ = ["Server", "ServerHandle", "ServerSet", "merged_config", "resolve_server"]
 
@@ -130,7 +131,7 @@ class Server:
         return path if path is not None and path.is_file() else None
 
 
-class ServerSet:
+class ServerSet(Closing):
     """The servers an entry point uses, however the user named them; starts those it must, stops them again.
 
     Every way to name servers turns into one here: bundled and installed servers' names,
@@ -300,12 +301,6 @@ class ServerSet:
             for server in self.servers.values():
                 if server.spec is not None:
                     server.url = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return "ServerSet(" + ", ".join(f"{s.name}={s.url or 'not started'}" for s in self.servers.values()) + ")"

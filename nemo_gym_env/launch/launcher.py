@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 # Nothing heavy here: ``gym.make`` spawns the embedded server through this module before it
 # imports the env's own modules.
@@ -64,6 +64,7 @@ from nemo_gym_env.errors import LaunchError, ServerCrashed
 from nemo_gym_env.launch.entrypoint import child_pythonpath, resolve_entrypoint
 from nemo_gym_env.launch.logs import LogStreamer, temporary_log_dir
 from nemo_gym_env.system.child_env import SERVER_ENV, SESSION_SECRET_ENV
+from nemo_gym_env.system.closing import Closing
 from nemo_gym_env.system.net import DEFAULT_HOST, answers_ok, http_url, is_loopback, listen_socket
 from nemo_gym_env.system.processes import killpg
 from nemo_gym_env.system.redaction import redact_text
@@ -71,7 +72,7 @@ from nemo_gym_env.system.redaction import redact_text
 if TYPE_CHECKING:
     from nemo_gym_env.launch.config import ServerSpec
 
-__all__ = ["Launcher", "ServerProcess"]
+__all__ = ["Launcher", "ServerProcess", "StartedServer"]
 
 logger = logging.getLogger("nemo_gym_env.launch")
 
@@ -81,7 +82,20 @@ MONITOR_INTERVAL_S = 0.5
 
 
 @dataclass(eq=False)
-class ServerProcess:
+class StartedServer:
+    """What every launcher hands back for a server it started (:class:`ServerProcess` here,
+    :class:`~nemo_gym_env.ray_cluster.RayServer` on a Ray node)."""
+
+    name: str
+    spec: ServerSpec
+    host: str
+    port: int
+    url: str
+    pid: int
+
+
+@dataclass(eq=False)
+class ServerProcess(StartedServer):
     """One launched server.
 
     Attributes:
@@ -96,12 +110,6 @@ class ServerProcess:
         restarts: How many times it was restarted.
     """
 
-    name: str
-    spec: ServerSpec
-    host: str
-    port: int
-    url: str
-    pid: int
     log_path: Path
     entrypoint: Path
     restarts: int = 0
@@ -212,7 +220,7 @@ def _close_socket(proc: ServerProcess) -> None:
 # ---- the launcher -----------------------------------------------------------------------------
 
 
-class Launcher:
+class Launcher(Closing):
     """Starts servers as child processes and stops them again; a context manager.
 
     Args:
@@ -379,12 +387,6 @@ class Launcher:
     def closed(self) -> bool:
         """Whether :meth:`close` ran."""
         return not self._finalizer.alive
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Launcher(servers={sorted(self._servers)}, log_dir={str(self.log_dir)!r})"

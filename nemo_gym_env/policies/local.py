@@ -58,6 +58,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ from nemo_gym_env.protocol.parser import parse_model_text
 from nemo_gym_env.system.cpu import cpu_flags
 from nemo_gym_env.system.memory import release_large_blocks
 
-__all__ = ["LocalPolicy", "native_dtype"]
+__all__ = ["LocalPolicy", "Sampling", "native_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,38 @@ def native_dtype(device: str) -> str:
 
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags()) else "float32"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A local policy's own sampling settings; each one None takes the task's (``responses_create_params``).
+
+    ``seed``: the n-th turn samples with a generator seeded ``seed + n`` (None: a fresh seed per turn).
+
+    Raises:
+        ValueError: a negative temperature, top_p outside (0, 1], a budget under one token.
+    """
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def of(self, task: dict[str, Any]) -> tuple[float, float, int]:
+        """(temperature, top_p, token budget) of a turn whose task asks ``task`` (its sampling keys):
+        these settings first, then the task's, then 1.0, 1.0 and 512 tokens."""
+        temperature = self.temperature if self.temperature is not None else task.get("temperature")
+        top_p = self.top_p if self.top_p is not None else task.get("top_p")
+        budget = self.max_new_tokens or task.get("max_output_tokens") or 512
+        return float(1.0 if temperature is None else temperature), float(1.0 if top_p is None else top_p), int(budget)
 
 
 class LocalPolicy(Policy):
@@ -160,18 +193,13 @@ class LocalPolicy(Policy):
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if temperature is not None and temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        sampling = Sampling(max_new_tokens, temperature, top_p, seed)
         if dtype not in LOCAL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(LOCAL_DTYPES)}, got {dtype!r}")
         if dtype == "auto":
             dtype = native_dtype(device)
         if dtype == "int8" and device != "cpu":
             raise ValueError(f"dtype='int8' runs on the CPU only; on {device} take dtype='bfloat16'")
-        if max_new_tokens is not None and max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         started = time.perf_counter()
         release_large_blocks()  # before provisioning: converting the default model frees hundreds of MB
         if model_path is None:
@@ -189,10 +217,7 @@ class LocalPolicy(Policy):
         self.load_seconds = time.perf_counter() - started
         self.device = device
         self.dtype = dtype
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.seed = seed
+        self.sampling = sampling
         self.name = f"local:{label}"
         self._renderer = ChatRenderer(self.tokenizer)
         self._end_ids = self._end_of_turn_ids()
@@ -222,7 +247,7 @@ class LocalPolicy(Policy):
         return {int(i) for i in ids}
 
     def __repr__(self) -> str:
-        return f"LocalPolicy(name={self.name!r}, device={self.device!r}, seed={self.seed!r})"
+        return f"LocalPolicy(name={self.name!r}, device={self.device!r}, seed={self.sampling.seed!r})"
 
     # ---- prompts -----------------------------------------------------------------------------
 
@@ -268,17 +293,14 @@ class LocalPolicy(Policy):
     # ---- generation --------------------------------------------------------------------------
 
     def _settings(self, request: PolicyRequest, prompt_length: int) -> tuple[float, float, int]:
-        sampling = request.sampling or {}
-        temperature = self.temperature if self.temperature is not None else sampling.get("temperature", 1.0)
-        top_p = self.top_p if self.top_p is not None else sampling.get("top_p", 1.0)
-        budget = self.max_new_tokens or sampling.get("max_output_tokens") or 512
+        temperature, top_p, budget = self.sampling.of(request.sampling or {})
         if self._max_positions:
             room = self._max_positions - prompt_length
             if room < 1:
                 raise ValueError(f"{self.name}: the prompt has {prompt_length} tokens, the model's context "
                                  f"{self._max_positions}; shorten the episode (max_steps) or the tool outputs")
             budget = min(budget, room)
-        return float(1.0 if temperature is None else temperature), float(1.0 if top_p is None else top_p), int(budget)
+        return temperature, top_p, budget
 
     def _prepare(self, request: PolicyRequest) -> tuple[list[int], float, float, int]:
         with self._lock:
@@ -316,7 +338,7 @@ class LocalPolicy(Policy):
         finally:
             with self._count_lock:
                 self._preparing -= 1
-        seed = None if self.seed is None else self.seed + call
+        seed = None if self.sampling.seed is None else self.sampling.seed + call
         generation = await self._batcher.generate(GenerationRequest(prompt, temperature, top_p, budget, seed))
         return await asyncio.to_thread(self._finish, prompt, generation)
 

@@ -45,12 +45,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any
 
 from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.client.resources import ResourcesClient
 from nemo_gym_env.errors import ClusterCapacityError, LaunchError
 from nemo_gym_env.launch.config import ServerSpec
+from nemo_gym_env.launch.launcher import StartedServer
 from nemo_gym_env.ray_cluster.capacity import free_per_node, require, track
 from nemo_gym_env.ray_cluster.connection import (
     RAY_ADDRESS_KEY,
@@ -60,6 +61,7 @@ from nemo_gym_env.ray_cluster.connection import (
     remote_class,
     remote_message,
 )
+from nemo_gym_env.system.closing import Closing
 
 __all__ = ["RayLauncher", "RayServer"]
 
@@ -106,7 +108,7 @@ class _ServerHost:
 
 
 @dataclass(eq=False)
-class RayServer:
+class RayServer(StartedServer):
     """One server placed on the cluster; the attributes of :class:`~nemo_gym_env.launch.launcher.ServerProcess`.
 
     Attributes:
@@ -123,12 +125,6 @@ class RayServer:
         replaced: How many times it was started again on another node (its node was lost).
     """
 
-    name: str
-    spec: ServerSpec
-    host: str
-    port: int
-    url: str
-    pid: int
     node_id: str
     log_path: str
     num_cpus: float = 0.0
@@ -150,7 +146,7 @@ class RayServer:
         return ray.get(self._actor.log_tail.remote(lines), timeout=30)
 
 
-class RayLauncher:
+class RayLauncher(Closing):
     """Starts resources servers on Ray cluster nodes; the surface of :class:`~nemo_gym_env.launch.launcher.Launcher`.
 
     Args:
@@ -341,12 +337,6 @@ class RayLauncher:
     def closed(self) -> bool:
         """Whether :meth:`close` ran."""
         return self._closed
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"RayLauncher(servers={sorted(self._servers)}, cluster={self.gcs_address!r})"

@@ -17,12 +17,13 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any
 
 from nemo_gym_env.errors import RolloutFileError
 from nemo_gym_env.protocol.failures import verdict_failure
 from nemo_gym_env.protocol.keys import FAILURE_CLASS_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY
 from nemo_gym_env.rollouts.identity import RowKey, legacy_key, row_identity
+from nemo_gym_env.system.closing import Closing
 from nemo_gym_env.system.redaction import REDACTED, redact
 
 __all__ = [
@@ -154,7 +155,7 @@ def _cut_torn_tail(path: Path) -> int:
     return size - end
 
 
-class RolloutWriter:
+class RolloutWriter(Closing):
     """Appends output rows (and failures to the sidecar), flushed per row, fsynced periodically.
 
     Args:
@@ -338,8 +339,3 @@ class RolloutWriter:
             text = text.replace(secret, REDACTED)
         return text
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -194,7 +194,7 @@ def test_native_tool_template(greedy):
 
 def test_make_policy_local_and_validation(greedy):
     policy = make_policy("local", model_path=greedy.model.name_or_path, temperature=0)
-    assert isinstance(policy, LocalPolicy) and policy.temperature == 0
+    assert isinstance(policy, LocalPolicy) and policy.sampling.temperature == 0
     with pytest.raises(ValueError, match="temperature"):
         LocalPolicy(temperature=-1)
     with pytest.raises(ValueError, match="dtype must be one of"):

@@ -198,6 +198,22 @@ def test_plays_a_server_launched_from_its_config(tmp_path):
         assert running.post(f"/api/sessions/{session}/step", {"message": "Cold."}).json()["reward"] == 1.0
 
 
+def test_plays_a_server_folder_and_a_hosted_env_by_name(tmp_path):
+    """A folder as ``init`` writes it and a ``gymnasium:`` target are names, as a bundled server's is."""
+    from nemo_gym_env.server.scaffold import init_server
+
+    init_server("my_env", tmp_path)
+    with running_cli("play", "./my_env", cwd=tmp_path) as running:
+        info = running.get("/api/info").json()
+        assert info["server"] == "my_env" and info["num_tasks"] == 5  # the folder's data/example.jsonl
+        session = running.post("/api/sessions", {"task_index": 0}).json()["session"]
+        added = running.post(f"/api/sessions/{session}/step", _call("add", {"a": 2, "b": 3})).json()
+        assert json.loads(added["observation"][0]["output"]) == {"sum": 5}
+    with running_cli("play", "gymnasium:FrozenLake-v1", cwd=tmp_path) as running:
+        info = running.get("/api/info").json()
+        assert info["server"] == "gymnasium_FrozenLake-v1" and info["num_tasks"] > 0
+
+
 @pytest.mark.parametrize(("args", "says"), [
     ((), "name a server to play"),
     (("no_such_server",), "no bundled server named 'no_such_server'"),
