@@ -1,19 +1,21 @@
 """A server another package declares (the ``nemo_gym_env.servers`` entry-point group) plays by name.
 
 The test builds a tiny package in a temporary folder (a server written by ``nemo-gym-env init``, a
-scripted player, and a second entry point that is broken), installs it with pip into a folder of its
-own, and runs the package's commands with that folder on ``PYTHONPATH``: ``rollouts``, ``check``,
-``serve`` and ``gym.make`` take the plugin's name as a bundled one's, and the broken plugin is named in
-one line and skipped.
+scripted player, and a second entry point that is broken) into a wheel, ``pip install``s it into a
+virtualenv that holds the core install (``tests/fixtures/installs.py``), and runs that virtualenv's
+commands: ``rollouts``, ``check``, ``serve`` and ``gym.make`` take the plugin's name as a bundled one's,
+and the broken plugin is named in one line and skipped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,9 +62,23 @@ def scripted_action(row, history, *, correct=True):
 '''
 
 
+@dataclass
+class Installed:
+    python: Path
+    """The virtualenv's interpreter."""
+    env: dict[str, str]
+    """The environment of a command run in that virtualenv (as after ``activate``)."""
+
+    @property
+    def cli(self) -> list[str]:
+        return [str(self.python), "-m", "nemo_gym_env.cli"]
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> dict[str, str]:
-    """The package built and pip-installed into a folder; the environment that puts it on the path."""
+def installed(tmp_path_factory) -> Installed:
+    """The package built as a wheel and pip-installed into a virtualenv holding the core install."""
+    from tests.fixtures.installs import linked_venv
+
     root = tmp_path_factory.mktemp("plugin")
     source = root / "src"
     (source / "echo_plugin").mkdir(parents=True)
@@ -72,14 +88,18 @@ def installed(tmp_path_factory) -> dict[str, str]:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     (source / "echo_plugin" / "echo_env" / "scripted.py").write_text(SCRIPTED)
-    target = root / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=600,
+    wheels = root / "wheels"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    python = linked_venv(root / "venv", [], with_pip=True)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1")
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                           *map(str, wheels.glob("*.whl"))], env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    env = cli_env()
-    env["PYTHONPATH"] = f"{target}:{env['PYTHONPATH']}"
-    return env
+    return Installed(python, env)
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -95,12 +115,13 @@ BROKEN = ("nemo-gym-env: skipping the server plugin 'broken_env' (no_such_packag
 
 
 def test_rollouts_and_check_take_the_plugins_name_and_name_the_broken_one(installed, tmp_path):
-    done = _run([*CLI, "rollouts", "echo_env", "--policy", "scripted", "-o", "rows.jsonl"], installed, tmp_path)
+    done = _run([*installed.cli, "rollouts", "echo_env", "--policy", "scripted", "-o", "rows.jsonl"], installed.env,
+                tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_jsonl(tmp_path / "rows.jsonl")
     assert rows and all(row["reward"] == 1.0 for row in rows)
     assert _skipped(done.stderr) == [BROKEN]  # once, in one line, and the rest went on
-    done = _run([*CLI, "check", "echo_env"], installed, tmp_path)
+    done = _run([*installed.cli, "check", "echo_env"], installed.env, tmp_path)
     assert done.returncode == 0 and "echo_env" in done.stdout, done.stdout + done.stderr
     # Without the package on the path the name is unknown, and the message lists what is.
     done = _run([*CLI, "rollouts", "echo_env", "--policy", "scripted", "-o", "none.jsonl"], cli_env(), tmp_path)
@@ -120,9 +141,9 @@ def test_gym_make_and_serve_take_the_plugins_name(installed, tmp_path):
         print(reward, terminated)
         env.close()
     """)
-    done = _run([sys.executable, "-c", code], installed, tmp_path)
+    done = _run([str(installed.python), "-c", code], installed.env, tmp_path)
     assert done.returncode == 0 and done.stdout.split() == ["1.0", "True"], done.stdout + done.stderr[-3000:]
-    serve = subprocess.Popen([*CLI, "serve", "echo_env", "+head_server.port=0"], cwd=tmp_path, env=installed,
+    serve = subprocess.Popen([*installed.cli, "serve", "echo_env", "+head_server.port=0"], cwd=tmp_path, env=installed.env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, lines = time.monotonic() + 120, []
