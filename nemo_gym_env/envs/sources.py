@@ -135,7 +135,8 @@ class ServerSet(Closing):
     """The servers an entry point uses, however the user named them; starts those it must, stops them again.
 
     Every way to name servers turns into one here: bundled and installed servers' names,
-    ``gymnasium:ENV_ID`` / ``textarena:GAME`` targets, NeMo Gym config paths and Hydra overrides
+    ``gymnasium:ENV_ID`` / ``textarena:GAME`` targets, server folders (``./my_env``, as ``nemo-gym-env init``
+    writes one), NeMo Gym config paths and Hydra overrides
     (:meth:`launching`); a URL per server, one ``--server-url``, a head server's list (:meth:`running`);
     and :meth:`of`, the command line's rule (running servers when a URL is given, else launched ones).
     ``gym.make``, ``rollouts``, ``reverify``, ``serve``, ``check``, NeMo RL's producer and the TRL recipe
@@ -203,7 +204,7 @@ class ServerSet(Closing):
             if not listed:
                 raise UsageError(f"the head server at {head_url} reports no servers")
             found.update({n: listed[n] for n in names} if names else listed)
-        bundled = _bundled_names()
+        bundled = bundled_servers()
         return cls(Server(name, url=url, bundled=name if name in bundled else None) for name, url in found.items())
 
     @classmethod
@@ -325,10 +326,6 @@ def _config_path(name: str) -> Path:
     if name not in bundled_servers() and own.is_file():
         return own.resolve()
     return bundled_config_path(name)
-
-
-def _bundled_names() -> set[str]:
-    return set(bundled_servers())
 
 
 def _bundled_name(spec: ServerSpec) -> str | None:
