@@ -2,13 +2,14 @@
 
 The test builds a tiny package in a temporary folder (a server written by ``nemo-gym-env init``, a
 scripted player, and a second entry point that is broken) into a wheel, ``pip install``s it into a
-virtualenv that holds the core install (``tests/fixtures/installs.py``), and runs that virtualenv's
-commands: ``rollouts``, ``check``, ``serve`` and ``gym.make`` take the plugin's name as a bundled one's,
-and the broken plugin is named in one line and skipped.
+virtualenv that holds the package with its ``trl`` extra (``tests/fixtures/installs.py``), and runs that
+virtualenv's commands: ``rollouts``, ``check``, ``serve``, ``gym.make`` and the TRL recipe take the plugin's
+name as a bundled one's, and the broken plugin is named in one line and skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
-    """The package built as a wheel and pip-installed into a virtualenv holding the core install."""
+    """The package built as a wheel and pip-installed into a virtualenv holding ``nemo-gym-env[trl]``."""
     from tests.fixtures.installs import linked_venv
 
     root = tmp_path_factory.mktemp("plugin")
@@ -92,7 +93,7 @@ def installed(tmp_path_factory) -> Installed:
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    python = linked_venv(root / "venv", [], with_pip=True)
+    python = linked_venv(root / "venv", ["trl"] if importlib.util.find_spec("trl") else [], with_pip=True)
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1")
     done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
@@ -190,3 +191,21 @@ def test_a_plugins_layout_problem_is_one_line_and_a_bundled_name_stays_bundled(t
         ("nemo-gym-env: skipping the server plugin 'not_a_folder' (lonely from odd-plugin): it is a module, not a "
         "server package (a folder)"),
     ])
+
+
+def test_the_trl_recipe_trains_on_the_plugins_name(installed, tmp_path):
+    pytest.importorskip("trl")
+    from nemo_gym_env.policies.models import default_model_dir
+
+    default_model_dir()  # the embedded model, provisioned once
+    out = tmp_path / "run"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "trl_grpo.py"
+    done = subprocess.run([str(installed.python), str(recipe), "env=NemoGym/echo_env-v0", "steps=1", "batch_size=2",
+                           "num_generations=2", "max_turns=2", "max_completion_length=24", "torch_threads=1",
+                           f"output_dir={out}"], cwd=tmp_path, env=installed.env, capture_output=True, text=True,
+                          timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "echo_env" in done.stdout and "5 training tasks" in done.stdout  # the plugin's own example rows
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1]
+    assert metrics[0]["env/failed"] == 0.0 and metrics[0]["reward"] is not None

@@ -21,7 +21,7 @@ pytest.importorskip("trl")
 import torch
 
 import nemo_gym_env  # noqa: F401
-from nemo_gym_env.adapters.trl import env_reward, nemo_gym_environment, nemo_gym_rollout_func, tasks_dataset
+from nemo_gym_env.adapters.trl import env_reward, nemo_gym_rollout_func, tasks_dataset
 from nemo_gym_env.adapters.trl.generation import checkpointing
 
 from ..conftest import secret_rows, secret_spec, verify_log
@@ -174,44 +174,3 @@ def test_grpo_rollout_func_trains_and_survives_a_dead_server(tmp_path, model_dir
     assert all(set(mask) == {0} for mask in second["env_mask"])
     assert all(process.url in error for error in second["env_error"])
     assert trainer.state.log_history[1]["reward"] is None  # NaN: no scorable sample, logged as None
-
-
-def test_grpo_environment_factory_calls_the_server_tools(tmp_path, model_dir, tokenizer, one_thread):
-    """TRL's own tool loop with our class; SmolLM2 wears TRL's Qwen2.5 chat template (same ChatML tokens),
-    a template TRL can render tools into and parse tool calls from."""
-    from pathlib import Path
-
-    import trl
-    from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
-
-    from nemo_gym_env.launch.launcher import Launcher
-
-    rows = secret_rows()
-    tokenizer = copy.deepcopy(tokenizer)
-    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
-    with Launcher() as launcher:
-        url = launcher.start(secret_spec()).url
-        Env = nemo_gym_environment("NemoGym/Generic-v0", base_url=url, dataset=rows)
-        try:
-            trainer = GRPOTrainer(
-                model=AutoModelForCausalLM.from_pretrained(model_dir),
-                args=grpo_config(tmp_path, max_steps=1, num_generations=4, gradient_accumulation_steps=4,
-                                 max_completion_length=48, max_tool_calling_iterations=2),
-                train_dataset=tasks_dataset(rows), processing_class=tokenizer, environment_factory=Env)
-            assert [tool.__name__ for tool in trainer.tools] == ["get_word"]
-            trainer.train()
-            server = verify_log(url)
-        finally:
-            Env.close()
-    environments = trainer.environments
-    assert len(environments) == 8 and trainer.state.global_step == 1
-    rewards = [env.get_reward() for env in environments]  # already verified: the same replies again
-    assert sorted(rewards) == sorted(server)
-    assert trainer.state.log_history[0][f"rewards/{Env.__name__}/mean"] == pytest.approx(sum(rewards) / 8, rel=1e-5)
-    calls = [item for env in environments for item in env._episode.trajectory if item["type"] == "function_call"]
-    outputs = [item["output"] for env in environments for item in env._episode.trajectory
-               if item["type"] == "function_call_output"]
-    assert calls, "the model made no tool call: nothing reached the server's tools"
-    assert all(call["name"] == "get_word" for call in calls)
-    assert any('"word":' in out for out in outputs)  # answered from the session the reset seeded

@@ -3,7 +3,8 @@
 - ``environment_factory`` given a dict (multi-environment training): a mixture dataset's
   ``environment`` column routes each row to its environment's class and tools;
 - environments owning the reward through ``get_reward()``, with no ``reward_funcs`` at all;
-- no ``train_dataset``: the environment draws the tasks and returns their text from ``reset``.
+- no ``train_dataset``: the environment draws the tasks and returns their text from ``reset``, and the
+  model's tool calls (TRL's own tool loop) reach the server's tools.
 
 SmolLM2 wears TRL's Qwen2.5 chat template (the same ChatML tokens), which TRL can render tools
 into and parse tool calls from, as in ``test_train.py``.
@@ -12,6 +13,7 @@ into and parse tool calls from, as in ``test_train.py``.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -98,7 +100,10 @@ def test_dict_environment_factory_routes_rows_and_owns_the_rewards(tmp_path, mod
     assert sorted(secret_log) == sorted(secret_rewards)  # verified by that server, once each
 
 
-def test_training_without_a_train_dataset_draws_tasks_per_group(tmp_path, model_dir, tokenizer, one_thread):
+def test_environment_factory_without_a_dataset_calls_the_server_tools_and_draws_a_task_per_group(
+        tmp_path, model_dir, tokenizer, one_thread):
+    """TRL's own tool loop with our class and no ``train_dataset``: the env draws each group's task, the model's
+    tool calls reach the server, the rewards are the server's ``/verify`` replies."""
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
@@ -107,26 +112,38 @@ def test_training_without_a_train_dataset_draws_tasks_per_group(tmp_path, model_
     rows = secret_rows()
     with Launcher() as launcher:
         url = launcher.start(secret_spec()).url
-        Env = nemo_gym_environment("NemoGym/Generic-v0", base_url=url, dataset=rows, num_generations=2, seed=0)
+        Env = nemo_gym_environment("NemoGym/Generic-v0", base_url=url, dataset=rows, num_generations=4, seed=0)
         try:
             trainer = GRPOTrainer(
                 model=AutoModelForCausalLM.from_pretrained(model_dir),
-                args=grpo_config(tmp_path, max_steps=1, num_generations=2, gradient_accumulation_steps=2,
+                args=grpo_config(tmp_path, max_steps=1, num_generations=4, gradient_accumulation_steps=4,
                                  max_completion_length=48, max_tool_calling_iterations=2),
                 processing_class=_tool_tokenizer(tokenizer), environment_factory=Env)  # no train_dataset
+            assert [tool.__name__ for tool in trainer.tools] == ["get_word"]
             trainer.train()
             server = verify_log(url)
         finally:
             Env.close()
     assert trainer.state.global_step == 1
     environments = trainer.environments
-    assert len(environments) == 4
+    assert len(environments) == 8
     tasks = [env._episode.task for env in environments]
-    assert tasks[0] == tasks[1] and tasks[2] == tasks[3]  # a group's copies play one task
+    assert all(task == tasks[0] for task in tasks[:4]) and all(task == tasks[4] for task in tasks[4:])  # per group
     assert all(task in rows for task in tasks)
-    rewards = [env.get_reward() for env in environments]
+    rewards = [env.get_reward() for env in environments]  # already verified: the same replies again
     assert None not in rewards and sorted(rewards) == sorted(server)
-    assert trainer.state.log_history[0][f"rewards/{Env.__name__}/mean"] == pytest.approx(sum(rewards) / 4, rel=1e-5)
+    assert trainer.state.log_history[0][f"rewards/{Env.__name__}/mean"] == pytest.approx(sum(rewards) / 8, rel=1e-5)
+    calls = [item for env in environments for item in env._episode.trajectory if item["type"] == "function_call"]
+    assert calls, "the model made no tool call: nothing reached the server's tools"
+    assert all(call["name"] == "get_word" for call in calls)
+    # Answered from the session the reset seeded: one of its words, or the range of its words (an unseeded
+    # session answers neither).
+    seeded = [item["output"] for env in environments for item in env._episode.trajectory
+              if item["type"] == "function_call_output" and item["output"] in (
+                  *(json.dumps({"word": w}, separators=(",", ":")) for w in env._episode.task["words"]),
+                  json.dumps({"error": f"n must be between 1 and {len(env._episode.task['words'])}"},
+                             separators=(",", ":")))]
+    assert seeded, calls
 
 
 def test_a_dict_factory_without_a_dataset_is_trls_error(tmp_path, model_dir, tokenizer):
