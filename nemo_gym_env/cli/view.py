@@ -35,11 +35,13 @@ def play_arguments(p: argparse.ArgumentParser) -> None:
     describe(p, "Serve a local page where a person plays one episode at a time through the same "
              "NemoGymEnv a policy uses: the task's messages, a form per tool, each output, a final answer, then the "
              "reward and the verify reply. A finished episode can be saved as a rollout row. Binds 127.0.0.1.",
-             "play example_multi_step", 'play "+config_paths=[my_env/configs/my_env.yaml]" --input my_env/data/example.jsonl',
+             "play example_multi_step", "play ./my_env                # a server folder, as init writes it",
+             'play "+config_paths=[my_env/configs/my_env.yaml]" --input my_env/data/example.jsonl',
              "play --server-url http://127.0.0.1:8000 --input tasks.jsonl")
-    p.add_argument("targets", nargs="*", metavar="NAME|+config_paths=[...]", help="a bundled server or a config")
+    p.add_argument("targets", nargs="*", metavar="NAME|+config_paths=[...]",
+                   help="a bundled server, a server folder, gymnasium:ID / textarena:GAME, or a config")
     p.add_argument("--server-url", metavar="URL", help="play a running resources server (with --input)")
-    p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: a bundled server's example data)")
+    p.add_argument("--input", "-i", metavar="PATH", help="tasks JSONL (default: the server's example data)")
     p.add_argument("--output", "-o", metavar="PATH", default="results/played.jsonl",
                    help="where saved episodes go (default results/played.jsonl)")
     add_listen(p)
