@@ -107,10 +107,10 @@ def register_envs() -> list[str]:
 def register_envs_on_gymnasium_import() -> None:
     """Register the ids as soon as ``gymnasium`` is imported; at once if it already is.
 
-    A resources server process imports ``nemo_gym_env`` (for ``nemo_gym_env.server``) but has
-    no use for Gymnasium, which costs it ~0.15 s (numpy included) before it can answer; the
-    package defers registration this way there. Should code in that process import
-    ``gymnasium`` after all, the ids are registered right after it, as if nothing were deferred.
+    What ``import nemo_gym_env`` does. A resources server, a verifier worker and most commands import
+    the package but have no use for Gymnasium, which costs ~0.2 s of CPU (numpy included) a process;
+    code that does use it imports ``gymnasium`` (before or after this package), and the ids are
+    registered right after that import, as if nothing were deferred.
     """
     if "gymnasium" in sys.modules:
         register_envs()
@@ -119,19 +119,31 @@ def register_envs_on_gymnasium_import() -> None:
 
 
 class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder):
-    """Import hook: lets ``gymnasium`` be found as usual, and calls :func:`register_envs` once it has run."""
+    """Import hook: lets ``gymnasium`` be found as usual, and calls :func:`register_envs` once it has run.
+
+    It stays in place until gymnasium is imported: a mere ``importlib.util.find_spec("gymnasium")`` (a
+    check whether it is installed) passes through it without using it up.
+    """
+
+    def __init__(self) -> None:
+        self._finding = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "gymnasium":
+        if name != "gymnasium" or self._finding:
             return None
-        sys.meta_path.remove(self)  # once; and find_spec below must not come back here
-        spec = importlib.util.find_spec(name)
+        self._finding = True  # the find_spec below must not come back here
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_register(module: Any) -> None:
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             register_envs()
 
         spec.loader.exec_module = exec_and_register  # type: ignore[method-assign]
