@@ -1,8 +1,8 @@
 """The entry points behind ``gym.make`` and ``gym.make_vec``: start the server, then import the env.
 
-An embedded server takes about a second to boot (its process imports openai and fastapi),
-and the env's own modules take about as long to import (openai's types and the pydantic
-models built on them). Run one after the other, ``gym.make`` would wait for both; here the
+An embedded server takes a moment to boot (its process imports fastapi and the server's
+modules), and the env's own modules take a while to import too (the wire types' pydantic
+models, httpx). Run one after the other, ``gym.make`` would wait for both; here the
 server process is spawned first and the env's modules are imported while it boots
 (``benchmarks/startup.py`` measures it). Nothing else happens in this module, which imports
 only what finding and spawning the server needs.

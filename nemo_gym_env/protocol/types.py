@@ -1,8 +1,8 @@
 """Wire types shared by servers, client, env and adapters.
 
-The item and response models subclass the ``openai`` SDK's ``openai.types.responses``
-models, with the same field names NeMo Gym uses, so a NeMo Gym resources server ports by
-changing its imports::
+The item and response models have the field names of the ``openai`` SDK's
+``openai.types.responses`` models, which NeMo Gym's subclass, so a NeMo Gym resources server
+ports by changing its imports::
 
     from nemo_gym_env.server import BaseVerifyRequest, BaseVerifyResponse
 
@@ -19,40 +19,17 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any, Literal, TypeAlias, Union
+from typing import Annotated, Any, Literal, TypeAlias, Union
 
-from openai.types.responses import (
-    EasyInputMessage,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputRefusal,
-    ResponseOutputText,
-    ResponseReasoningItem,
-)
-from openai.types.responses import (
-    Response as _OpenAIResponse,
-)
-from openai.types.responses.response_create_params import (
-    Reasoning,
-    ResponseIncludable,
-    ResponseTextConfigParam,
-    ToolChoice,
-    ToolParam,
-)
-from openai.types.responses.response_reasoning_item import Summary
-from openai.types.responses.response_usage import (
-    InputTokensDetails as _InputTokensDetails,
-)
-from openai.types.responses.response_usage import (
-    ResponseUsage as _ResponseUsage,
-)
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 __all__ = [
+    "WireModel",
     "TokenIdsMixin",
     "InputMessage",
     "Message",
     "OutputText",
+    "OutputRefusal",
     "OutputMessage",
     "FunctionCall",
     "FunctionCallOutput",
@@ -63,6 +40,11 @@ __all__ = [
     "Response",
     "ResponseUsage",
     "InputTokensDetails",
+    "OutputTokensDetails",
+    "FunctionTool",
+    "OtherTool",
+    "Tool",
+    "ToolChoice",
     "ResponsesCreateParams",
     "BaseRunRequest",
     "BaseVerifyRequest",
@@ -96,6 +78,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+class WireModel(BaseModel):
+    """Base of the Responses-API models: the fields a reader relies on are validated, any other key is kept.
+
+    A key a newer client or model server adds travels on unchanged, as in the ``openai`` SDK's
+    own models (whose field names these share); the schema is this package's own, so it is the
+    same whichever SDK version is installed.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+
 class TokenIdsMixin(BaseModel):
     """Training token data NeMo Gym attaches to the last output item of each model call.
 
@@ -108,30 +101,64 @@ class TokenIdsMixin(BaseModel):
     generation_log_probs: list[float]
 
 
-class SummaryText(Summary):
+Status: TypeAlias = Literal["in_progress", "completed", "incomplete"]
+
+
+class SummaryText(WireModel):
     """One ``summary_text`` part of a reasoning item."""
 
+    text: str
+    type: Literal["summary_text"] = "summary_text"
 
-class OutputText(ResponseOutputText):
+
+class OutputText(WireModel):
     """Text content of an assistant message; ``annotations`` defaults to empty."""
 
-    annotations: list[Any] = Field(default_factory=list)  # type: ignore[assignment]
+    annotations: list[Any] = Field(default_factory=list)
+    text: str
     type: Literal["output_text"] = "output_text"
+    logprobs: list[dict[str, Any]] | None = None
 
 
-class OutputMessage(ResponseOutputMessage):
+class OutputRefusal(WireModel):
+    """A refusal in place of an assistant message's text."""
+
+    refusal: str
+    type: Literal["refusal"] = "refusal"
+
+
+def _part_type(value: Any) -> str | None:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+OutputContent: TypeAlias = Annotated[
+    Union[Annotated[OutputText, Tag("output_text")], Annotated[OutputRefusal, Tag("refusal")]],
+    Discriminator(_part_type),
+]
+
+
+class OutputMessage(WireModel):
     """An assistant message the model produced."""
 
-    content: list[Union[OutputText, ResponseOutputRefusal]]  # type: ignore[assignment]
+    id: str
+    content: list[OutputContent]
     role: Literal["assistant"] = "assistant"
-    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    status: Status = "completed"
     type: Literal["message"] = "message"
+    phase: Literal["commentary", "final_answer"] | None = None
 
 
-class InputMessage(EasyInputMessage):
-    """A message given to the model (``role`` user/system/developer/assistant, text content)."""
+class InputMessage(WireModel):
+    """A message given to the model (``role`` user/system/developer/assistant, text content).
 
-    type: Literal["message"] = "message"  # type: ignore[assignment]
+    ``content`` is a string or a list of content parts (``input_text``, ``input_image``, ...,
+    each a ``type``-tagged object).
+    """
+
+    content: Union[str, list[dict[str, Any]]]
+    role: Literal["user", "assistant", "system", "developer"]
+    type: Literal["message"] = "message"
+    phase: Literal["commentary", "final_answer"] | None = None
 
 
 class Message(BaseModel):
@@ -139,14 +166,19 @@ class Message(BaseModel):
 
     content: list[dict[str, Any]]
     role: Literal["user", "system", "developer"]
-    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    status: Status = "completed"
     type: Literal["message"] = "message"
 
 
-class FunctionCall(ResponseFunctionToolCall):
+class FunctionCall(WireModel):
     """A tool call: ``arguments`` is the JSON string the model wrote, valid or not."""
 
+    arguments: str
+    call_id: str
+    name: str
     type: Literal["function_call"] = "function_call"
+    id: str | None = None
+    status: Status | None = None
 
 
 class FunctionCallOutput(BaseModel):
@@ -156,14 +188,18 @@ class FunctionCallOutput(BaseModel):
     output: str
     type: Literal["function_call_output"] = "function_call_output"
     id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: Status | None = None
 
 
-class ReasoningItem(ResponseReasoningItem):
+class ReasoningItem(WireModel):
     """Model reasoning, e.g. a ``<think>`` block, as ``summary_text`` parts."""
 
-    summary: list[SummaryText]  # type: ignore[assignment]
+    id: str
+    summary: list[SummaryText]
     type: Literal["reasoning"] = "reasoning"
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: Status | None = None
 
 
 class OutputMessageForTraining(OutputMessage, TokenIdsMixin):
@@ -193,40 +229,88 @@ InputItem: TypeAlias = Union[
 OutputItem: TypeAlias = InputItem
 
 
-class InputTokensDetails(_InputTokensDetails):
+class FunctionTool(WireModel):
+    """A function the model may call: ``name``, and a JSON schema of its arguments in ``parameters``."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    type: Literal["function"] = "function"
+    description: str | None = None
+
+
+class OtherTool(WireModel):
+    """A tool of another ``type`` (a hosted tool such as ``web_search``): kept as it came."""
+
+    type: str
+
+
+Tool: TypeAlias = Annotated[
+    Union[Annotated[FunctionTool, Tag("function")], Annotated[OtherTool, Tag("other")]],
+    Discriminator(lambda value: "function" if _part_type(value) == "function" else "other"),
+]
+"""One entry of ``tools``: a function tool validated as one, any other type kept as it is."""
+
+ToolChoice: TypeAlias = Union[Literal["none", "auto", "required"], dict[str, Any]]
+"""``tool_choice``: a mode, or an object naming a tool (``{"type": "function", "name": ...}``)."""
+
+
+class InputTokensDetails(WireModel):
     """``usage.input_tokens_details``; counts that newer ``openai`` SDKs require default to 0.
 
-    NeMo Gym pins ``openai<=2.7.2``, whose usage has no ``cache_write_tokens``: without the
-    default, every ``/verify`` from its agent (whose model server reports usage) would be a 422.
+    NeMo Gym pins ``openai<=2.7.2``, whose usage has no ``cache_write_tokens``: a usage it
+    reports without one is valid here.
     """
 
     cached_tokens: int = 0
-    if "cache_write_tokens" in _InputTokensDetails.model_fields:
-        cache_write_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
-class ResponseUsage(_ResponseUsage):
+class OutputTokensDetails(WireModel):
+    """``usage.output_tokens_details``."""
+
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(WireModel):
     """``Response.usage``, accepting the usage older SDKs and model servers write."""
 
-    input_tokens_details: InputTokensDetails  # type: ignore[assignment]
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
 
 
-class Response(_OpenAIResponse):
-    """A Responses-API ``Response`` whose ``output`` holds every item of an episode."""
+class Response(WireModel):
+    """A Responses-API ``Response`` whose ``output`` holds every item of an episode.
 
-    output: list[OutputItem]  # type: ignore[assignment]
-    usage: ResponseUsage | None = None  # type: ignore[assignment]
+    The fields the Responses API requires are required; the optional ones this package or a
+    trainer reads are typed, and every other key a model server writes is kept.
+    """
 
-
-# The ``openai`` SDK defers building its models' validators to first use, and ours inherit that.
-# Built here, leaves first, so every model that refers to them (the run and verify requests
-# below, each server's subclasses of those) reuses their validators instead of generating the
-# whole Response schema again inline: ~50 ms per such model otherwise.
-for _model in (OutputText, SummaryText, OutputMessage, InputMessage, FunctionCall, ReasoningItem,
-               OutputMessageForTraining, FunctionCallForTraining, ReasoningItemForTraining,
-               InputTokensDetails, ResponseUsage, Response):
-    _model.model_rebuild()
-del _model
+    id: str
+    created_at: float
+    model: str
+    object: Literal["response"] = "response"
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    tool_choice: ToolChoice
+    tools: list[Tool]
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    instructions: Union[str, list[Any], None] = None
+    metadata: dict[str, str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    reasoning: dict[str, Any] | None = None
+    status: Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"] | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    usage: ResponseUsage | None = None
+    user: str | None = None
 
 
 def make_response(
@@ -272,7 +356,7 @@ class ResponsesCreateParams(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     background: bool | None = None
-    include: list[ResponseIncludable] | None = None
+    include: list[str] | None = None
     input: Union[str, list[InputItem]]
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -282,13 +366,13 @@ class ResponsesCreateParams(BaseModel):
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     prompt: dict[str, Any] | None = None
-    reasoning: Reasoning | None = None
+    reasoning: dict[str, Any] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     store: bool | None = None
     temperature: float | None = None
-    text: ResponseTextConfigParam | None = None
+    text: dict[str, Any] | None = None
     tool_choice: ToolChoice = "auto"
-    tools: list[ToolParam] = Field(default_factory=list)
+    tools: list[Tool] = Field(default_factory=list)
     top_logprobs: int | None = None
     top_p: float | None = None
     truncation: Literal["auto", "disabled"] | None = None

@@ -1,6 +1,10 @@
-"""The wire types (built on the ``openai`` SDK's models) and ``make_response``: pure functions."""
+"""The wire types and ``make_response``: pure functions; their JSON agrees with the ``openai`` SDK's models."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -64,8 +68,8 @@ def test_verify_response_echoes_the_request():
 
 
 def test_response_models_are_built_at_import_so_requests_reuse_them():
-    """The SDK defers its models' validators; types.py builds ours once, so every model that
-    holds a Response (the verify request and reply, each server's subclasses) reuses them."""
+    """Every model that holds a Response (the verify request and reply, each server's subclasses)
+    reuses the item models' validators, built once at import."""
     from nemo_gym_env.protocol import types
 
     for model in (types.Response, types.FunctionCall, types.OutputMessage, types.ReasoningItem,
@@ -80,3 +84,59 @@ def test_response_models_are_built_at_import_so_requests_reuse_them():
            "response": types.make_response([{"type": "function_call", "call_id": "c", "name": "f",
                                              "arguments": "{}"}]).model_dump()}
     assert isinstance(MyVerifyRequest.model_validate(row).response.output[0], types.FunctionCall)
+
+
+# ---- the same JSON as the ``openai`` SDK's models -------------------------------------------
+
+USAGE = {"input_tokens": 12, "output_tokens": 5, "total_tokens": 17,
+         "input_tokens_details": {"cached_tokens": 3}, "output_tokens_details": {"reasoning_tokens": 1}}
+TOOLS = [{"type": "function", "name": "f", "description": "d", "strict": True,
+          "parameters": {"type": "object", "properties": {}}}]
+
+
+def _sdk_json(model) -> dict:
+    return model.model_dump(mode="json", exclude_none=True, by_alias=True)
+
+
+def test_our_response_is_a_valid_sdk_response_with_the_same_json():
+    from openai.types.responses import Response as SDKResponse
+
+    ours = make_response([item for item in ITEMS if item["type"] != "function_call_output"], tools=TOOLS,
+                         usage=USAGE, temperature=0.5, status="completed")
+    theirs = SDKResponse.model_validate(ours.model_dump(mode="json"))
+    assert _sdk_json(theirs) == _sdk_json(ours)
+    assert theirs.usage.input_tokens_details.cached_tokens == 3 and theirs.output[1].call_id == "c1"
+
+
+def test_an_sdk_response_travels_through_ours_unchanged_unknown_fields_included():
+    from openai.types.responses import Response as SDKResponse
+
+    sdk = SDKResponse.model_validate({**make_response(ITEMS[:2], tools=TOOLS).model_dump(mode="json"),
+                                      "usage": {**USAGE, "input_tokens_details": {"cached_tokens": 3,
+                                                                                  "cache_write_tokens": 0}},
+                                      "prompt_cache_key": "k", "safety_identifier": "s", "a_future_field": [1]})
+    sent = _sdk_json(sdk)
+    assert make_response(sent["output"], **{k: v for k, v in sent.items() if k != "output"}).model_dump(
+        mode="json", exclude_none=True) == sent
+
+
+@pytest.mark.parametrize("tool,error", [
+    ({"type": "function"}, "name"),
+    ({"type": "function", "name": "f", "parameters": "not a schema"}, "parameters"),
+    ({"name": "f"}, "type"),
+])
+def test_a_tool_missing_what_is_read_is_refused(tool, error):
+    with pytest.raises(ValidationError, match=error):
+        BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "tools": [tool]}})
+    hosted = {"type": "web_search", "search_context_size": "low"}  # another kind of tool is kept as it came
+    assert BaseRunRequest.model_validate({"responses_create_params": {"input": "q", "tools": [hosted]}}).model_dump(
+        mode="json")["responses_create_params"]["tools"] == [hosted]
+
+
+def test_a_server_process_never_imports_the_openai_sdk():
+    """The wire types are this package's own: a server (and the env) start without the SDK's ~0.6 s import."""
+    script = ("import sys, servers.example_multi_step.app, nemo_gym_env.envs.env; "
+              "assert 'openai' not in sys.modules, sorted(m for m in sys.modules if m.startswith('openai'))[:5]")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
