@@ -2,7 +2,7 @@
 
 A package's ``__init__`` lists which submodule defines each public name, and the name is
 imported on first access (a server process imports this before anything else). Importing
-``nemo_gym_env.protocol.keys`` then does not import openai's types, and
+``nemo_gym_env.protocol.keys`` then does not import the wire types (pydantic), and
 ``nemo_gym_env.NemoGymEnv`` does not import the env stack until it is used.
 """
 

@@ -55,7 +55,7 @@ class PolicyTurn:
 
     def said(self) -> str:
         """The text of the turn's messages, joined (what a model playing a person said)."""
-        # Deferred: protocol.items loads the openai types, and this module stays light.
+        # Deferred: protocol.items loads the wire types (pydantic models), and this module stays light.
         from nemo_gym_env.protocol.items import content_text
 
         return "".join(content_text(item.get("content")) for item in self.items if item.get("type") == "message")

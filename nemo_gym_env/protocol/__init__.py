@@ -1,7 +1,7 @@
 """The wire, with no I/O: what travels between a model, an env and a resources server.
 
 - :mod:`~nemo_gym_env.protocol.types`: the wire types (Responses items and ``Response``,
-  create params, seed/verify bodies), built on the ``openai`` SDK's models;
+  create params, seed/verify bodies), with the Responses API's field names;
 - :mod:`~nemo_gym_env.protocol.items`: the rules for items as plain data (what kind an item is,
   its text, the one check of a model turn);
 - :mod:`~nemo_gym_env.protocol.parser`: raw model text <-> items (``<think>``, ``<tool_call>``);
