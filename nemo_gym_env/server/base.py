@@ -40,7 +40,6 @@ from typing import Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
-from starlette.middleware.sessions import SessionMiddleware
 
 from nemo_gym_env.errors import ConfigError
 from nemo_gym_env.system.hosts import HostCheckMiddleware, HostPolicy
@@ -60,7 +59,7 @@ from nemo_gym_env.server.middleware import (
     SESSION_ID_KEY,
     BodyLimitMiddleware,
     CatchAllMiddleware,
-    SessionIdMiddleware,
+    SessionCookieMiddleware,
     TypedSeedMiddleware,
     guard_verify,
     install_error_handlers,
@@ -261,15 +260,8 @@ class SimpleResourcesServer(BaseModel):
 
     def setup_session_middleware(self, app: FastAPI) -> None:
         """Signed cookie sessions; every request gets a session id, ``/verify`` releases it."""
-        app.add_middleware(SessionIdMiddleware, cookie_name=self.session_cookie_name(),
-                           release_session=self.release_session)
-        app.add_middleware(
-            SessionMiddleware,
-            secret_key=self._secret,
-            session_cookie=self.session_cookie_name(),
-            max_age=int(self.config.session_ttl_s),
-            same_site="lax",
-        )
+        app.add_middleware(SessionCookieMiddleware, secret_key=self._secret, cookie_name=self.session_cookie_name(),
+                           max_age=int(self.config.session_ttl_s), release_session=self.release_session)
 
     def setup_liveness(self, app: FastAPI) -> None:
         """``GET /`` (and NeMo Gym 0.7's ``/health``, ``/healthz``, ``/readyz``, ``/livez``) answer ``{"status": "ok"}``."""

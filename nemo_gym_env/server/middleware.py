@@ -9,20 +9,22 @@ author never touches them. What they do, and why:
   route and the field; a lost session 410; a body nested too deeply or holding what JSON cannot
   encode 400; :class:`CatchAllMiddleware`: anything else 500 with the exception's type, logged
   with its traceback, and the connection kept open;
-- :class:`SessionIdMiddleware`: every request's signed session holds an id, a cookie this launch
-  did not sign meets :class:`LostSession` (410 on any read of the id), and ``/verify`` frees the
-  session's state;
+- :class:`SessionCookieMiddleware`: every request's signed session holds an id, a cookie this
+  launch did not sign meets :class:`LostSession` (410 on any read of the id), and ``/verify``
+  frees the session's state;
 - :class:`BodyLimitMiddleware`: bodies over the limit get 413 before they are read whole.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import inspect
 import json
 import logging
 import math
+import time
 import traceback
 import uuid
 from collections import OrderedDict
@@ -34,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic_core import PydanticSerializationError
+from starlette.middleware.sessions import Session
 
 from nemo_gym_env.errors import SessionLostError
 from nemo_gym_env.protocol.types import BaseVerifyRequest
@@ -43,7 +46,7 @@ __all__ = [
     "BodyLimitMiddleware",
     "CatchAllMiddleware",
     "LostSession",
-    "SessionIdMiddleware",
+    "SessionCookieMiddleware",
     "TypedSeedMiddleware",
     "add_lifespan",
     "guard_verify",
@@ -196,7 +199,7 @@ class LostSession(dict):
     same 410 instead of silently landing in a fresh session.
     """
 
-    accessed = False  # read by Starlette's SessionMiddleware (>= 1.0) when it answers
+    accessed = False
     modified = False
 
     def __getitem__(self, key: Any) -> Any:
@@ -210,44 +213,125 @@ class LostSession(dict):
         return super().get(key, default)
 
 
-def _carries_cookie(scope: dict, name: str) -> bool:
-    """Whether the request sent a cookie called ``name`` (whatever its value)."""
-    wanted = name.encode("latin-1")
+def _cookie(scope: dict, name: bytes) -> bytes | None:
+    """The value of the request's cookie called ``name`` (None: it sent none); the last one when it sent several,
+    as Starlette reads cookies."""
+    found = None
     for header, value in scope.get("headers", ()):
-        if header == b"cookie" and any(part.split(b"=", 1)[0].strip() == wanted for part in value.split(b";")):
-            return True
-    return False
+        if header == b"cookie":
+            for part in value.split(b";"):
+                key, sep, cookie = part.partition(b"=")
+                if sep and key.strip() == name:
+                    found = cookie.strip().strip(b'"')
+    return found
 
 
-class SessionIdMiddleware:
-    """Pure ASGI: make sure the signed session holds an id; free it once ``/verify`` answered.
+class _Bounded(OrderedDict):
+    """A least-recently-used map of at most ``size`` entries."""
 
-    A request without a session cookie, or any ``/seed_session``, gets a new id. A request whose
-    cookie did not verify (SessionMiddleware left the session empty) gets a :class:`LostSession`.
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def keep(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+class SessionCookieMiddleware:
+    """Pure ASGI: the signed session cookie, an id in every session, and ``/verify`` freeing its state.
+
+    The cookie is Starlette's ``SessionMiddleware`` cookie, byte for byte (the session as base64
+    JSON, signed with itsdangerous' ``TimestampSigner``; ``Max-Age``, ``httponly``,
+    ``samesite=lax``), re-sent on every reply as NeMo Gym's clients expect. A request without a
+    session cookie, or any ``/seed_session``, gets a new id; a request whose cookie did not verify
+    (forged, expired, from another launch) gets a :class:`LostSession`.
+
+    What repeats per request is remembered, bounded: a cookie that verified once (the same bytes
+    verify the same way; its age is checked at every use), and the signature of a session made
+    within the same second (the signer's clock has one-second steps, so it would be the same).
     """
 
-    def __init__(self, app: Any, cookie_name: str, release_session: Callable[[str], None]):
+    def __init__(self, app: Any, secret_key: str, cookie_name: str, max_age: int,
+                 release_session: Callable[[str], None], cache_size: int = 16_384):
+        import itsdangerous
+
         self.app = app
-        self.cookie_name = cookie_name
+        self.signer = itsdangerous.TimestampSigner(secret_key)
+        self.bad_signature = itsdangerous.BadSignature
+        self.name = cookie_name.encode("latin-1")
+        self.max_age = max_age
         self.release_session = release_session
+        self.attributes = f"; path=/; Max-Age={max_age}; httponly; samesite=lax".encode("latin-1")
+        self.verified = _Bounded(cache_size)  # cookie -> (session JSON, signed at)
+        self.signed = _Bounded(cache_size)  # session as base64 JSON -> (second, cookie)
+
+    def _session(self, cookie: bytes) -> dict | None:
+        """The session ``cookie`` carries, None when it does not verify."""
+        now = int(time.time())
+        known = self.verified.get(cookie)
+        if known is None:
+            try:
+                value, signed_at = self.signer.unsign(cookie, return_timestamp=True)
+                text = base64.b64decode(value).decode("utf-8")
+                if not isinstance(json.loads(text), dict):
+                    return None
+            except (self.bad_signature, ValueError, RecursionError):  # binascii.Error is a ValueError
+                return None
+            known = (text, int(signed_at.timestamp()))
+            self.verified.keep(cookie, known)
+        if not 0 <= now - known[1] <= self.max_age:
+            return None
+        return json.loads(known[0])
+
+    def _sign(self, session: dict) -> bytes:
+        data = base64.b64encode(json.dumps(session).encode("utf-8"))
+        now = int(time.time())
+        known = self.signed.get(data)
+        if known is not None and known[0] == now:
+            return known[1]
+        cookie = self.signer.sign(data)
+        self.signed.keep(data, (now, cookie))
+        return cookie
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        session = scope.setdefault("session", {})
-        session_id = session.get(SESSION_ID_KEY)
+        cookie = _cookie(scope, self.name)
+        carried = self._session(cookie) if cookie is not None else None
+        session_id = carried.get(SESSION_ID_KEY) if carried is not None else None
         if not isinstance(session_id, str):
-            if scope.get("path") != "/seed_session" and _carries_cookie(scope, self.cookie_name):
-                scope["session"] = LostSession()
+            if cookie is not None and scope.get("path") != "/seed_session":
+                scope["session"] = LostSession()  # empty and unmodified: no cookie goes back
                 await self.app(scope, receive, send)
                 return
             session_id = str(uuid.uuid4())
             scope.setdefault("state", {})["new_session"] = True
-        # Always assign, so the cookie is (re)sent on every reply, as NeMo Gym clients expect.
-        session[SESSION_ID_KEY] = session_id
+        session = scope["session"] = Session(carried or {})
+        session[SESSION_ID_KEY] = session_id  # always assigned, so the cookie is re-sent on every reply
+        started = carried is not None
+
+        async def send_with_cookie(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                vary = next((i for i, (key, _) in enumerate(headers) if key.lower() == b"vary"), None)
+                if vary is None:
+                    headers.append((b"vary", b"Cookie"))
+                else:
+                    headers[vary] = (b"vary", headers[vary][1] + b", Cookie")
+                if session:
+                    headers.append((b"set-cookie", self.name + b"=" + self._sign(session) + self.attributes))
+                elif started:  # the route cleared the session
+                    headers.append((b"set-cookie", self.name + b"=null; path=/; expires=Thu, 01 Jan 1970 00:00:00 GMT; "
+                                                               b"httponly; samesite=lax"))
+                message = {**message, "headers": headers}
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_with_cookie)
         finally:
             if scope.get("path") == "/verify":
                 self.release_session(session_id)
@@ -341,6 +425,8 @@ class TypedSeedMiddleware:
 
 def typed_seed(body: bytes) -> tuple[str | None, str, dict] | None:
     """``(problem or None, resources_session_id, row)`` of a typed seed body; None for a row body."""
+    if b"task_data" not in body and b"\\u" not in body:  # neither the key nor an escape that could spell it
+        return None
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):

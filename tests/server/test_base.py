@@ -179,3 +179,46 @@ def test_tool_names(server):
     assert server.tool_names(server.build_app()) == ["add", "explode"]
 
 
+
+
+def test_the_cookie_is_starlettes_and_a_remembered_one_still_expires():
+    """The session cookie keeps Starlette's ``SessionMiddleware`` format (Starlette reads ours, we read
+    Starlette's), and a cookie that verified once (then answered from memory) is refused once too old."""
+    import base64
+    import time
+
+    from starlette.applications import Starlette
+    from starlette.middleware.sessions import SessionMiddleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    name = "CounterServer___counter"
+    server = CounterServer.from_config({"session_ttl_s": 1}, name="counter")
+    app = server.build_app()
+
+    async def echo(request):
+        request.session.setdefault(SESSION_ID_KEY, "set-by-starlette")
+        return JSONResponse(dict(request.session))
+
+    theirs = Starlette(routes=[Route("/", echo)])
+    theirs.add_middleware(SessionMiddleware, secret_key=server._secret, session_cookie=name, max_age=1)
+    with TestClient(app) as ours, TestClient(theirs) as starlette:
+        ours_set = ours.post("/seed_session", json=ROW).headers["set-cookie"]
+        theirs_set = starlette.get("/").headers["set-cookie"]
+        assert ours_set.split(";", 1)[1] == theirs_set.split(";", 1)[1] == " path=/; Max-Age=1; httponly; samesite=lax"
+        value = ours.cookies[name]
+        carried = json.loads(base64.b64decode(TimestampSigner(server._secret).unsign(value, max_age=1)))
+        assert set(carried) == {SESSION_ID_KEY} and len(carried[SESSION_ID_KEY]) == 36
+        with TestClient(theirs, cookies={name: value}) as reads_ours:
+            assert reads_ours.get("/").json() == carried  # Starlette reads our cookie
+        with TestClient(app, cookies={name: starlette.cookies[name]}) as theirs_cookie:
+            assert theirs_cookie.post("/add", json={"count": 2}).json() == {"count": 2}  # we read Starlette's
+        for _ in range(3):  # the first verifies the signature, the next two are answered from memory
+            assert ours.post("/add", json={"count": 1}).status_code == 200
+        stale = ours.cookies[name]
+        with TestClient(app, cookies={name: stale}) as early:  # now it is remembered
+            assert early.post("/add", json={"count": 1}).status_code == 200
+        time.sleep(2.2)  # the client's jar drops the cookie at its Max-Age; a client that sends it anyway:
+        with TestClient(app, cookies={name: stale}) as late:
+            refused = late.post("/add", json={"count": 1})
+        assert refused.status_code == 410 and "set-cookie" not in refused.headers
