@@ -35,6 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from itsdangerous import BadSignature, TimestampSigner
 from pydantic_core import PydanticSerializationError
 from starlette.middleware.sessions import Session
 
@@ -256,11 +257,8 @@ class SessionCookieMiddleware:
 
     def __init__(self, app: Any, secret_key: str, cookie_name: str, max_age: int,
                  release_session: Callable[[str], None], cache_size: int = 16_384):
-        import itsdangerous
-
         self.app = app
-        self.signer = itsdangerous.TimestampSigner(secret_key)
-        self.bad_signature = itsdangerous.BadSignature
+        self.signer = TimestampSigner(secret_key)
         self.name = cookie_name.encode("latin-1")
         self.max_age = max_age
         self.release_session = release_session
@@ -278,7 +276,7 @@ class SessionCookieMiddleware:
                 text = base64.b64decode(value).decode("utf-8")
                 if not isinstance(json.loads(text), dict):
                     return None
-            except (self.bad_signature, ValueError, RecursionError):  # binascii.Error is a ValueError
+            except (BadSignature, ValueError, RecursionError):  # binascii.Error is a ValueError
                 return None
             known = (text, int(signed_at.timestamp()))
             self.verified.keep(cookie, known)
