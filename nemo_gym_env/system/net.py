@@ -21,14 +21,19 @@ DEFAULT_PORT = 8000
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: a free port) and listening; :class:`LaunchError` if it cannot be."""
+    """A socket bound to ``host:port`` (0: a free port) and listening; :class:`LaunchError` if it cannot be.
+
+    Made with its protocol named (``IPPROTO_TCP``): asyncio sets ``TCP_NODELAY`` only on connections
+    accepted from such a socket, and without it a reply written in two parts (uvicorn writes the head,
+    then the body) waits for the client's delayed ACK, about 40 ms per request on Linux.
+    """
     try:
         family, _, _, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as exc:
         raise LaunchError(f"cannot resolve host {host!r}: {exc}") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
