@@ -65,6 +65,13 @@ def _start(root: Path, server: str) -> tuple[subprocess.Popen, str, int]:
     return holder, url, int(pid)
 
 
+def _commit(root: Path) -> str:
+    """The commit a checkout is at (what the results name it by, not its path)."""
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip() or "unknown"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     sides = {"this checkout": REPO, **({"before": args.before.resolve()} if args.before else {})}
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     harness.print_table(["server", "side", "server CPU ms/episode (median)", "x before", "episodes/s (median)"], rows,
                         title=f"scripted episodes, {args.concurrency} concurrent, {args.rounds} rounds of {args.seconds:g} s")
     results = {"concurrency": args.concurrency, "rounds": args.rounds, "seconds": args.seconds,
-               "before": str(args.before) if args.before else None, "summary": summary, "runs": runs}
+               "before": _commit(args.before) if args.before else None, "summary": summary, "runs": runs}
     path = harness.write_results(args.name, results, args.out)
     print(f"\nwrote {path}")
     return results
