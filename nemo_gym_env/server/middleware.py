@@ -227,20 +227,6 @@ def _cookie(scope: dict, name: bytes) -> bytes | None:
     return found
 
 
-class _Bounded(OrderedDict):
-    """A least-recently-used map of at most ``size`` entries."""
-
-    def __init__(self, size: int):
-        super().__init__()
-        self.size = size
-
-    def keep(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        if len(self) > self.size:
-            self.popitem(last=False)
-
-
 class SessionCookieMiddleware:
     """Pure ASGI: the signed session cookie, an id in every session, and ``/verify`` freeing its state.
 
@@ -250,9 +236,9 @@ class SessionCookieMiddleware:
     session cookie, or any ``/seed_session``, gets a new id; a request whose cookie did not verify
     (forged, expired, from another launch) gets a :class:`LostSession`.
 
-    What repeats per request is remembered, bounded: a cookie that verified once (the same bytes
-    verify the same way; its age is checked at every use), and the signature of a session made
-    within the same second (the signer's clock has one-second steps, so it would be the same).
+    What repeats per request is remembered, bounded: a cookie's verdict (the same bytes verify the
+    same way; the age of one that verified is checked at every use), and the signature of a session
+    made within the same second (the signer's clock has one-second steps, so it would be the same).
     """
 
     def __init__(self, app: Any, secret_key: str, cookie_name: str, max_age: int,
@@ -263,36 +249,33 @@ class SessionCookieMiddleware:
         self.max_age = max_age
         self.release_session = release_session
         self.attributes = f"; path=/; Max-Age={max_age}; httponly; samesite=lax".encode("latin-1")
-        self.verified = _Bounded(cache_size)  # cookie -> (session JSON, signed at)
-        self.signed = _Bounded(cache_size)  # session as base64 JSON -> (second, cookie)
+        # Bounded memories (functools' LRU): a cookie's verdict, and a session's signature within one second.
+        self._verified = functools.lru_cache(maxsize=cache_size)(self._unsign)
+        self._signed = functools.lru_cache(maxsize=cache_size)(self._sign_at)
+
+    def _unsign(self, cookie: bytes) -> tuple[str, int] | None:
+        """``(session JSON, signed at)`` of a cookie whose signature verifies (its age not checked), else None."""
+        try:
+            value, signed_at = self.signer.unsign(cookie, return_timestamp=True)
+            text = base64.b64decode(value).decode("utf-8")
+            if not isinstance(json.loads(text), dict):
+                return None
+        except (BadSignature, ValueError, RecursionError):  # binascii.Error is a ValueError
+            return None
+        return text, int(signed_at.timestamp())
 
     def _session(self, cookie: bytes) -> dict | None:
-        """The session ``cookie`` carries, None when it does not verify."""
-        now = int(time.time())
-        known = self.verified.get(cookie)
-        if known is None:
-            try:
-                value, signed_at = self.signer.unsign(cookie, return_timestamp=True)
-                text = base64.b64decode(value).decode("utf-8")
-                if not isinstance(json.loads(text), dict):
-                    return None
-            except (BadSignature, ValueError, RecursionError):  # binascii.Error is a ValueError
-                return None
-            known = (text, int(signed_at.timestamp()))
-            self.verified.keep(cookie, known)
-        if not 0 <= now - known[1] <= self.max_age:
+        """The session ``cookie`` carries, None when it does not verify or is older than ``max_age``."""
+        known = self._verified(cookie)
+        if known is None or not 0 <= int(time.time()) - known[1] <= self.max_age:
             return None
         return json.loads(known[0])
 
+    def _sign_at(self, data: bytes, second: int) -> bytes:
+        return self.signer.sign(data)  # the signer reads the clock itself: ``second`` only keys the memory
+
     def _sign(self, session: dict) -> bytes:
-        data = base64.b64encode(json.dumps(session).encode("utf-8"))
-        now = int(time.time())
-        known = self.signed.get(data)
-        if known is not None and known[0] == now:
-            return known[1]
-        cookie = self.signer.sign(data)
-        self.signed.keep(data, (now, cookie))
-        return cookie
+        return self._signed(base64.b64encode(json.dumps(session).encode("utf-8")), int(time.time()))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -19,6 +19,7 @@ an IP address) are not checked: rebinding needs a browser's connection.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from collections.abc import Iterable
@@ -116,34 +117,24 @@ class HostCheckMiddleware:
     """An ASGI middleware refusing requests that do not name this server (421) or come from a page of
     another site and change state (403); see the module docstring. ``label`` names the server in the reply."""
 
-    _REMEMBERED = 1024
-    """How many clients' addresses and ``Host`` values the answers are kept for (then forgotten, all at once)."""
-
     def __init__(self, app: Any, policy: HostPolicy, label: str = "this server"):
         self.app = app
         self.policy = policy
         self.label = label
-        self._addresses: dict[str, bool] = {}  # the same few answers, asked at every request: parsed once
-        self._hosts: dict[str, bool] = {}
-
-    def _remembered(self, answers: dict[str, bool], key: str, ask: Any) -> bool:
-        answer = answers.get(key)
-        if answer is None:
-            if len(answers) >= self._REMEMBERED:
-                answers.clear()
-            answer = answers[key] = ask(key)
-        return answer
+        # The same few answers are asked at every request: parsed once each, in bounded memories (functools' LRU).
+        self._is_address = functools.lru_cache(maxsize=1024)(_is_address)
+        self._host_ok = functools.lru_cache(maxsize=1024)(policy.host_ok)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         client = scope.get("client")
-        if scope["type"] != "http" or self.policy.any_host or not client or not self._remembered(
-                self._addresses, str(client[0]), _is_address):
+        if scope["type"] != "http" or self.policy.any_host or not client or not self._is_address(
+                str(client[0])):
             await self.app(scope, receive, send)
             return
         headers = {key: value for key, value in scope.get("headers", ())}
         host = headers.get(b"host", b"").decode("latin-1")
         origin = headers.get(b"origin")
-        if not self._remembered(self._hosts, host, self.policy.host_ok):
+        if not self._host_ok(host):
             await _refuse(send, 421, f"{self.label} answers only to its own names (Host {host[:100]!r} is not one; "
                                      "a remote deployment lists its names in allowed_hosts)")
             return
