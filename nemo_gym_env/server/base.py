@@ -55,6 +55,7 @@ from nemo_gym_env.protocol.types import (
     BaseVerifyRequest,
     BaseVerifyResponse,
 )
+from nemo_gym_env.server.fast_lane import ServerApp
 from nemo_gym_env.server.middleware import (
     SESSION_ID_KEY,
     BodyLimitMiddleware,
@@ -237,7 +238,7 @@ class SimpleResourcesServer(BaseModel):
 
     def setup_webserver(self) -> FastAPI:
         """Create the app with the standard routes; subclasses call super() then add tools."""
-        app = FastAPI(title=type(self).__name__, docs_url=None, redoc_url=None)
+        app = ServerApp(title=type(self).__name__, docs_url=None, redoc_url=None)
         self.setup_session_middleware(app)
         app.add_middleware(TypedSeedMiddleware)
         app.post("/seed_session")(self.seed_session)

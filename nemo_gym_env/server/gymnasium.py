@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from nemo_gym_env.protocol.types import FunctionCall, Response, ResponsesCreateParams
 from nemo_gym_env.server.base import SimpleResourcesServer
+from nemo_gym_env.server.fast_lane import ServerApp
 from nemo_gym_env.server.middleware import SESSION_ID_KEY
 from nemo_gym_env.server.sessions import SessionStore
 
@@ -120,7 +121,7 @@ class GymnasiumServer(SimpleResourcesServer):
 
     def setup_webserver(self) -> FastAPI:
         """The app: ``/reset``, ``/step`` and ``/aggregate_metrics`` (no ``/seed_session``, no ``/verify``)."""
-        app = FastAPI(title=type(self).__name__, docs_url=None, redoc_url=None)
+        app = ServerApp(title=type(self).__name__, docs_url=None, redoc_url=None)
         self.setup_session_middleware(app)
         app.post("/reset")(self._reset_endpoint)
         app.post("/step")(self._step_endpoint)

@@ -50,6 +50,7 @@ __all__ = [
     "SessionCookieMiddleware",
     "TypedSeedMiddleware",
     "add_lifespan",
+    "failed_reply",
     "guard_verify",
     "install_error_handlers",
     "read_body",
@@ -137,7 +138,7 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
         )
 
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        return _failed_reply(server_name, request.url.path, exc)
+        return failed_reply(server_name, request.url.path, exc)
 
     # A reply that echoes the body (``/verify`` does) cannot be encoded when the body held a lone
     # UTF-16 surrogate escape ("\ud800") or was nested past the serializer's depth limit: the
@@ -155,7 +156,8 @@ def install_error_handlers(app: FastAPI, server_name: str) -> None:
         return JSONResponse({"error": f"{server_name}: body of POST {request.url.path} {why}"}, status_code=400)
 
 
-def _failed_reply(server_name: str, path: str, exc: BaseException) -> JSONResponse:
+def failed_reply(server_name: str, path: str, exc: BaseException) -> JSONResponse:
+    """The 500 of a route that raised ``exc`` (logged with its traceback), naming the error."""
     logger.error("%s: POST %s raised: %s", server_name, path, "".join(traceback.format_exception(exc)))
     return JSONResponse({"error": f"{server_name}: {path} failed: {type(exc).__name__}: {exc}"}, status_code=500)
 
@@ -190,7 +192,7 @@ class CatchAllMiddleware:
         except Exception as exc:  # noqa: BLE001 - every route error becomes a reply, not a dropped connection
             if started:
                 raise
-            await _failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
+            await failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
 
 
 class LostSession(dict):
@@ -277,42 +279,59 @@ class SessionCookieMiddleware:
     def _sign(self, session: dict) -> bytes:
         return self._signed(base64.b64encode(json.dumps(session).encode("utf-8")), int(time.time()))
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def open(self, scope: dict) -> tuple[Session, str, bool] | None:
+        """``(session, its id, whether the request carried it)``; None when the request's cookie did not verify
+        (forged, expired, from another launch) and the route is not ``/seed_session``: a lost session."""
         cookie = _cookie(scope, self.name)
         carried = self._session(cookie) if cookie is not None else None
         session_id = carried.get(SESSION_ID_KEY) if carried is not None else None
         if not isinstance(session_id, str):
             if cookie is not None and scope.get("path") != "/seed_session":
-                scope["session"] = LostSession()  # empty and unmodified: no cookie goes back
-                await self.app(scope, receive, send)
-                return
+                return None
             session_id = str(uuid.uuid4())
             scope.setdefault("state", {})["new_session"] = True
-        session = scope["session"] = Session(carried or {})
+        session = Session(carried or {})
         session[SESSION_ID_KEY] = session_id  # always assigned, so the cookie is re-sent on every reply
-        started = carried is not None
+        return session, session_id, carried is not None
+
+    def reply_headers(self, headers: Any, session: dict, started: bool) -> list[tuple[bytes, bytes]]:
+        """A reply's headers with ``Vary: Cookie`` and the session's cookie (or its removal) added."""
+        headers = list(headers)
+        vary = next((i for i, (key, _) in enumerate(headers) if key.lower() == b"vary"), None)
+        if vary is None:
+            headers.append((b"vary", b"Cookie"))
+        else:
+            headers[vary] = (b"vary", headers[vary][1] + b", Cookie")
+        if session:
+            headers.append((b"set-cookie", self.name + b"=" + self._sign(session) + self.attributes))
+        elif started:  # the route cleared the session
+            headers.append((b"set-cookie", self.name + b"=null; path=/; expires=Thu, 01 Jan 1970 00:00:00 GMT; "
+                                                       b"httponly; samesite=lax"))
+        return headers
+
+    def with_cookie(self, send: Any, session: dict, started: bool) -> Any:
+        """``send``, adding the session's headers to the reply's start."""
 
         async def send_with_cookie(message: dict) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                vary = next((i for i, (key, _) in enumerate(headers) if key.lower() == b"vary"), None)
-                if vary is None:
-                    headers.append((b"vary", b"Cookie"))
-                else:
-                    headers[vary] = (b"vary", headers[vary][1] + b", Cookie")
-                if session:
-                    headers.append((b"set-cookie", self.name + b"=" + self._sign(session) + self.attributes))
-                elif started:  # the route cleared the session
-                    headers.append((b"set-cookie", self.name + b"=null; path=/; expires=Thu, 01 Jan 1970 00:00:00 GMT; "
-                                                               b"httponly; samesite=lax"))
-                message = {**message, "headers": headers}
+                message = {**message, "headers": self.reply_headers(message.get("headers", ()), session, started)}
             await send(message)
 
+        return send_with_cookie
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        opened = self.open(scope)
+        if opened is None:
+            scope["session"] = LostSession()  # empty and unmodified: no cookie goes back
+            await self.app(scope, receive, send)
+            return
+        session, session_id, started = opened
+        scope["session"] = session
         try:
-            await self.app(scope, receive, send_with_cookie)
+            await self.app(scope, receive, self.with_cookie(send, session, started))
         finally:
             if scope.get("path") == "/verify":
                 self.release_session(session_id)

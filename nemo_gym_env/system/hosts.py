@@ -125,23 +125,27 @@ class HostCheckMiddleware:
         self._is_address = functools.lru_cache(maxsize=1024)(_is_address)
         self._host_ok = functools.lru_cache(maxsize=1024)(policy.host_ok)
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    def refusal(self, scope: dict) -> tuple[int, str] | None:
+        """``(status, why)`` when this HTTP request is refused, None when it passes."""
         client = scope.get("client")
-        if scope["type"] != "http" or self.policy.any_host or not client or not self._is_address(
-                str(client[0])):
-            await self.app(scope, receive, send)
-            return
+        if self.policy.any_host or not client or not self._is_address(str(client[0])):
+            return None
         headers = {key: value for key, value in scope.get("headers", ())}
         host = headers.get(b"host", b"").decode("latin-1")
-        origin = headers.get(b"origin")
         if not self._host_ok(host):
-            await _refuse(send, 421, f"{self.label} answers only to its own names (Host {host[:100]!r} is not one; "
-                                     "a remote deployment lists its names in allowed_hosts)")
-            return
+            return 421, (f"{self.label} answers only to its own names (Host {host[:100]!r} is not one; "
+                         "a remote deployment lists its names in allowed_hosts)")
+        origin = headers.get(b"origin")
         if scope.get("method") in _CHANGING and not self.policy.origin_ok(
                 origin.decode("latin-1") if origin is not None else None):
-            await _refuse(send, 403, f"{self.label} takes no state-changing request from a page of another site "
-                                     f"(Origin {origin.decode('latin-1')[:100]!r})")
+            return 403, (f"{self.label} takes no state-changing request from a page of another site "
+                         f"(Origin {origin.decode('latin-1')[:100]!r})")
+        return None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        refused = self.refusal(scope) if scope["type"] == "http" else None
+        if refused is not None:
+            await _refuse(send, *refused)
             return
         await self.app(scope, receive, send)
 
