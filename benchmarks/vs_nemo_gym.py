@@ -14,7 +14,9 @@ In one run:
 
 Each measurement is N rollouts (the 5 example rows repeated) at each concurrency. Rollouts/s
 over HTTP is measured at the model process, from its first request to its last reply, for both
-sides alike; the in-process path is timed around the whole command, start-up included. Every
+sides alike; the in-process path is timed around the whole command, start-up included, and, as the
+HTTP sides are, over its rollouts alone (its progress line at 100%: from the first rollout, once its
+server is up, to the last). Every
 rollout of every side must score 1.0 (asserted). Results: ``benchmarks/results/vs_nemo_gym.json``
 and ``vs_nemo_gym.png`` (with matplotlib, the ``bench`` extra).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -123,7 +126,14 @@ def run_theirs(run: NgRun, agent: str, rows: list[dict], repeats: int, concurren
     return read_jsonl(output)
 
 
-def run_ours(server: str, rows_path: Path, repeats: int, concurrency: int, folder: Path, policy: list[str]) -> tuple[float, list[dict]]:
+def rollouts_phase_rate(stderr: str) -> float | None:
+    """Rollouts/s of the command's rollouts alone (its progress line at 100%: from the first rollout's start, once
+    the server is up, to the last one's end), None when the line is missing."""
+    found = re.findall(r"^rollouts (\d+)/(\d+) +100%  ([\d.]+)/s", stderr, re.MULTILINE)
+    return float(found[-1][2]) if found else None
+
+
+def run_ours(server: str, rows_path: Path, repeats: int, concurrency: int, folder: Path, policy: list[str]) -> tuple[float, list[dict], str]:
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     out = folder / f"ours-{server}-{policy[1]}-{concurrency}.jsonl"
@@ -137,7 +147,7 @@ def run_ours(server: str, rows_path: Path, repeats: int, concurrency: int, folde
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"nemo-gym-env rollouts failed: {done.stderr[-3000:]}")
-    return wall, read_jsonl(out)
+    return wall, read_jsonl(out), done.stderr
 
 
 def check(side: str, server: str, rows: list[dict], total: int) -> None:
@@ -211,8 +221,9 @@ def main() -> None:
                             wall = None
                             out = run_theirs(run, agents[server], rows[server], repeats, concurrency, folder)
                         else:
-                            wall, out = run_ours(server, rows_paths[server], repeats, concurrency, folder,
-                                                 ["--policy", "openai", "--base-url", model.base_url, "--model", "scripted"])
+                            wall, out, _ = run_ours(server, rows_paths[server], repeats, concurrency, folder,
+                                                    ["--policy", "openai", "--base-url", model.base_url, "--model",
+                                                     "scripted"])
                         span, requests = model.span()
                         check(side, server, out, total)
                         measured[side] = total / span
@@ -221,15 +232,19 @@ def main() -> None:
                                                 "model_requests": requests, "wall_s": wall,
                                                 "model_cpu_ms_per_rollout": 1000 * (model.cpu_s() - cpu_before) / total})
                     side = "ours --policy scripted (in-process)"
-                    wall, out = run_ours(server, rows_paths[server], repeats, concurrency, folder, ["--policy", "scripted"])
+                    wall, out, stderr = run_ours(server, rows_paths[server], repeats, concurrency, folder,
+                                                 ["--policy", "scripted"])
                     check(side, server, out, total)
                     measured[side] = total / wall
+                    phase = rollouts_phase_rate(stderr)
                     results["runs"].append({"side": side, "server": server, "concurrency": concurrency,
-                                            "rollouts_per_s": total / wall, "wall_s": wall})
+                                            "rollouts_per_s": total / wall, "wall_s": wall,
+                                            "rollouts_phase_per_s": phase})
                     base = measured["NeMo Gym 0.4.0 (HTTP)"]
                     http, local = measured["ours --policy openai (HTTP)"], measured[side]
                     table.append([server, concurrency, f"{base:.1f}", f"{http:.1f} ({http / base:.2f}x)",
-                                  f"{local:.1f} ({local / base:.2f}x)"])
+                                  f"{local:.1f} ({local / base:.2f}x)",
+                                  f"{phase:.1f} ({phase / base:.2f}x)" if phase else "-"])
                     print(" | ".join(map(str, table[-1])), flush=True)
                     harness.write_results("vs_nemo_gym", {**results, "complete": False}, args.out)  # kept if a later cell fails
         finally:
@@ -237,7 +252,8 @@ def main() -> None:
             model.close()
     results["machine"] = harness.machine()
     results["complete"] = True
-    harness.print_table(["server", "concurrency", "NeMo Gym rollouts/s", "ours HTTP", "ours in-process"], table,
+    harness.print_table(["server", "concurrency", "NeMo Gym rollouts/s", "ours HTTP", "ours in-process (command)",
+                         "ours in-process (rollouts)"], table,
                         title=f"{repeats * 5} rollouts each")
     path = harness.write_results("vs_nemo_gym", results, args.out)
     png = path.with_suffix(".png")

@@ -238,9 +238,11 @@ class SessionCookieMiddleware:
     session cookie, or any ``/seed_session``, gets a new id; a request whose cookie did not verify
     (forged, expired, from another launch) gets a :class:`LostSession`.
 
-    What repeats per request is remembered, bounded: a cookie's verdict (the same bytes verify the
-    same way; the age of one that verified is checked at every use), and the signature of a session
-    made within the same second (the signer's clock has one-second steps, so it would be the same).
+    What repeats per request is remembered, for a second or two: a cookie's verdict (the same bytes
+    verify the same way; the age of one that verified is checked at every use), and the signature of
+    a session made within the same second (the signer's clock has one-second steps, so it would be
+    the same). A client sends back the cookie of the reply before, so that is all that is reused; the
+    memories hold what the last two seconds' requests asked, at most ``cache_size`` a second.
     """
 
     def __init__(self, app: Any, secret_key: str, cookie_name: str, max_age: int,
@@ -251,9 +253,8 @@ class SessionCookieMiddleware:
         self.max_age = max_age
         self.release_session = release_session
         self.attributes = f"; path=/; Max-Age={max_age}; httponly; samesite=lax".encode("latin-1")
-        # Bounded memories (functools' LRU): a cookie's verdict, and a session's signature within one second.
-        self._verified = functools.lru_cache(maxsize=cache_size)(self._unsign)
-        self._signed = functools.lru_cache(maxsize=cache_size)(self._sign_at)
+        self._verified = _RecentMemo(self._unsign, cache_size, keep_previous=True)
+        self._signed = _RecentMemo(self.signer.sign, cache_size, keep_previous=False)  # the signer reads the clock
 
     def _unsign(self, cookie: bytes) -> tuple[str, int] | None:
         """``(session JSON, signed at)`` of a cookie whose signature verifies (its age not checked), else None."""
@@ -268,13 +269,11 @@ class SessionCookieMiddleware:
 
     def _session(self, cookie: bytes) -> dict | None:
         """The session ``cookie`` carries, None when it does not verify or is older than ``max_age``."""
-        known = self._verified(cookie)
-        if known is None or not 0 <= int(time.time()) - known[1] <= self.max_age:
+        now = int(time.time())
+        known = self._verified(cookie, now)
+        if known is None or not 0 <= now - known[1] <= self.max_age:
             return None
         return json.loads(known[0])
-
-    def _sign_at(self, data: bytes, second: int) -> bytes:
-        return self.signer.sign(data)  # the signer reads the clock itself: ``second`` only keys the memory
 
     def _sign(self, session: dict) -> bytes:
         return self._signed(base64.b64encode(json.dumps(session).encode("utf-8")), int(time.time()))
@@ -335,6 +334,35 @@ class SessionCookieMiddleware:
         finally:
             if scope.get("path") == "/verify":
                 self.release_session(session_id)
+
+
+class _RecentMemo:
+    """``compute(key)``, remembered for the second it was asked in (and the next, with ``keep_previous``).
+
+    Memory follows the request rate, not the run's length: each second starts an empty memory, so what
+    a client no longer sends is forgotten within two seconds. At most ``limit`` answers a second are kept.
+    """
+
+    def __init__(self, compute: Callable[[Any], Any], limit: int, *, keep_previous: bool):
+        self.compute = compute
+        self.limit = limit
+        self.keep_previous = keep_previous
+        self.second = -1
+        self.current: dict[Any, Any] = {}
+        self.previous: dict[Any, Any] = {}
+
+    def __call__(self, key: Any, second: int) -> Any:
+        if second != self.second:
+            self.previous = self.current if self.keep_previous and second == self.second + 1 else {}
+            self.current, self.second = {}, second
+        try:
+            return self.current[key]
+        except KeyError:
+            pass
+        value = self.previous[key] if key in self.previous else self.compute(key)
+        if len(self.current) < self.limit:
+            self.current[key] = value
+        return value
 
 
 class TypedSeedMiddleware:

@@ -69,6 +69,8 @@ def test_vs_nemo_gym_tiny(tmp_path):
     for run in runs:
         if "HTTP" in run["side"]:  # both HTTP sides were timed at the same model process
             assert run["model_requests"] >= 5 and run["model_span_s"] > 0
+        else:  # the in-process side: the whole command, and its rollouts alone (read off its progress line)
+            assert run["rollouts_phase_per_s"] > 0 and run["wall_s"] > 0
 
 
 def test_openai_policy_benchmark_tiny(tmp_path):
