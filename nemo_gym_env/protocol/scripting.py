@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -88,10 +89,20 @@ def play_turn(player: Callable[..., list[dict[str, Any]]], row: dict[str, Any], 
         'Go.'
     """
     returned = [item for item in history if field(item, "type") == "function_call_output" or _from_user(item)]
-    if "observations" not in inspect.signature(player).parameters:
+    try:
+        observes = _takes_observations(player)
+    except TypeError:  # a player object that cannot be hashed: asked afresh
+        observes = "observations" in inspect.signature(player).parameters
+    if not observes:
         return player(row, returned, correct=correct)
     said = [content_text(field(item, "content")) for item in [*shown, *returned] if _from_user(item)]
     return player(row, returned, correct=correct, observations=said)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_observations(player: Callable[..., Any]) -> bool:
+    """Whether a player's signature has ``observations`` (asked at every turn: read once per player)."""
+    return "observations" in inspect.signature(player).parameters
 
 
 def _from_user(item: Any) -> bool:
