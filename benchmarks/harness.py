@@ -22,6 +22,9 @@ from typing import Any
 
 SERVER = "example_multi_step"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LOAD_AT_START = os.getloadavg()
+"""The load average when the benchmark's process began (``machine()`` is often called at its end)."""
 
 
 # ---- servers and tasks ---------------------------------------------------------------------------
@@ -207,7 +210,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "cpu_flags": cpu_flags(),
-        "loadavg_at_start": os.getloadavg(),
+        "loadavg_at_start": LOAD_AT_START,
+        "loadavg_now": os.getloadavg(),
         "gymnasium": gymnasium.__version__,
         "httpx": httpx.__version__,
         "uvicorn": uvicorn.__version__,
@@ -221,11 +225,21 @@ def write_results(name: str, results: dict[str, Any], out_dir: Path | None = Non
     out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    payload = {"benchmark": name, "machine": machine(), "argv": sys.argv[1:], **results}
+    payload = {"benchmark": name, "machine": machine(), "argv": [_no_path(arg) for arg in sys.argv[1:]], **results}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_finite(payload), indent=2, default=_jsonable, allow_nan=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def _no_path(arg: str) -> str:
+    """An argument as the results file keeps it: a path of this machine outside the checkout is not kept."""
+    if not os.path.isabs(arg):
+        return arg
+    try:
+        return str(Path(arg).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return "<a path outside the checkout>"
 
 
 def _finite(value: Any) -> Any:

@@ -250,7 +250,7 @@ def main() -> None:
         finally:
             run.stop()
             model.close()
-    results["machine"] = harness.machine()
+    results["loadavg_at_end"] = os.getloadavg()  # "machine" keeps the load at the start
     results["complete"] = True
     harness.print_table(["server", "concurrency", "NeMo Gym rollouts/s", "ours HTTP", "ours in-process (command)",
                          "ours in-process (rollouts)"], table,

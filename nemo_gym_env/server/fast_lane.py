@@ -177,6 +177,7 @@ class FastLane:
             sub = kwargs[route.response_name] = Response()
             del sub.headers["content-length"]
             sub.status_code = None  # type: ignore[assignment]
+        content = None
         try:
             result = await route.call(**kwargs)
             if isinstance(result, Response):
@@ -188,20 +189,21 @@ class FastLane:
                 except ValidationError as exc:  # FastAPI's error, less its pointer to the endpoint's source line
                     raise ResponseValidationError([{**error, "loc": ("response", *error["loc"])}
                                                    for error in exc.errors(include_url=False)], body=result) from exc
-                status = sub.status_code if sub is not None and sub.status_code else 200
-                headers = [(b"content-length", str(len(content)).encode("latin-1")),
-                           (b"content-type", b"application/json"), *(sub.headers.raw if sub is not None else ())]
-                await send({"type": "http.response.start", "status": status,
-                            "headers": self.sessions.reply_headers(headers, session, started)})
-                await send({"type": "http.response.body", "body": content})
-                return
         except Exception as exc:  # noqa: BLE001 - answered as the app's handlers or the catch-all would
             handled = await self._handled(scope, receive, exc)
             if handled is None:  # the catch-all middleware, outside the session's: its 500 carries no cookie
                 await failed_reply(self.server_name, scope.get("path", ""), exc)(scope, receive, send)
                 return
             reply = handled
-        await reply(scope, receive, self.sessions.with_cookie(send, session, started))
+        if content is None:
+            await reply(scope, receive, self.sessions.with_cookie(send, session, started))
+            return
+        status = sub.status_code if sub is not None and sub.status_code else 200
+        headers = [(b"content-length", str(len(content)).encode("latin-1")), (b"content-type", b"application/json"),
+                   *(sub.headers.raw if sub is not None else ())]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self.sessions.reply_headers(headers, session, started)})
+        await send({"type": "http.response.body", "body": content})
 
     async def _handled(self, scope: dict, receive: Any, exc: Exception) -> Response | None:
         """The reply of the app's handler of ``exc``; None when it has none."""
