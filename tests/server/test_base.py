@@ -222,3 +222,21 @@ def test_the_cookie_is_starlettes_and_a_remembered_one_still_expires():
         with TestClient(app, cookies={name: stale}) as late:
             refused = late.post("/add", json={"count": 1})
         assert refused.status_code == 410 and "set-cookie" not in refused.headers
+
+
+def test_the_cookie_memories_keep_only_the_last_two_seconds():
+    from nemo_gym_env.server.middleware import _RecentMemo
+
+    asked = []
+    memo = _RecentMemo(lambda key: asked.append(key) or key.upper(), limit=3, keep_previous=True)
+    assert [memo("a", 100), memo("a", 100), memo("a", 101)] == ["A", "A", "A"]
+    assert asked == ["a"]  # remembered within its second and the next
+    assert memo("a", 103) == "A" and asked == ["a", "a"]  # two seconds later: forgotten, computed again
+    for key in "bcdef":
+        memo(key, 103)
+    assert len(memo.current) == 3 and not memo.previous  # at most `limit` a second, the rest computed each time
+    memo("b", 104)
+    assert len(memo.current) == 1 and len(memo.previous) == 3
+    signatures = _RecentMemo(lambda key: asked.append(key) or key, limit=3, keep_previous=False)
+    signatures("s", 7), signatures("s", 7), signatures("s", 8)
+    assert asked.count("s") == 2  # a signature is never reused in another second
