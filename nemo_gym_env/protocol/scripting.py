@@ -92,7 +92,7 @@ def play_turn(player: Callable[..., list[dict[str, Any]]], row: dict[str, Any], 
     try:
         observes = _takes_observations(player)
     except TypeError:  # a player object that cannot be hashed: asked afresh
-        observes = "observations" in inspect.signature(player).parameters
+        observes = _takes_observations.__wrapped__(player)
     if not observes:
         return player(row, returned, correct=correct)
     said = [content_text(field(item, "content")) for item in [*shown, *returned] if _from_user(item)]

@@ -149,7 +149,7 @@ class FastLane:
         if body is None:
             return  # the client left
         opened = self.sessions.open(scope)
-        value = _validated(route, body, scope) if opened is not None else None
+        value = _validated(route, body) if opened is not None else None
         if value is None:
             await stack(scope, replay_body(body, receive), send)
             return
@@ -291,7 +291,7 @@ def _json_length(scope: dict) -> int | None:
     return length if json_type else None
 
 
-def _validated(route: LaneRoute, body: bytes, scope: dict) -> BaseModel | None:
+def _validated(route: LaneRoute, body: bytes) -> BaseModel | None:
     """The body as the route's model; None when FastAPI must answer it (not JSON, invalid, a typed seed)."""
     if not body or (route.route.path == "/seed_session" and typed_seed(body) is not None):
         return None

@@ -180,7 +180,6 @@ def test_tool_names(server):
 
 
 
-
 def test_the_cookie_is_starlettes_and_a_remembered_one_still_expires():
     """The session cookie keeps Starlette's ``SessionMiddleware`` format (Starlette reads ours, we read
     Starlette's), and a cookie that verified once (then answered from memory) is refused once too old."""
