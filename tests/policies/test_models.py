@@ -53,3 +53,23 @@ def test_default_model_is_cached_as_a_transformers_folder():
     assert default_model_dir() == folder  # the second call finds it: nothing is provisioned again
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == files
     assert default_gguf_path().is_file()
+
+
+@pytest.mark.slow
+def test_the_conversion_parses_the_gguf_file_once_and_restores_gguf_after():
+    """Within the conversion the GGUF file is parsed once (transformers asks three times) and gguf's
+    tensor-name table built once; afterwards gguf is as it was, also when the block raises."""
+    gguf = pytest.importorskip("gguf")
+    path = default_model_dir().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"  # provisioned by the default model
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with models._gguf_parsed_once():
+        first, second = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is second and isinstance(first, real_reader)
+        assert "general.architecture" in first.fields
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)
+    assert gguf.GGUFReader(path) is not first
+    with pytest.raises(RuntimeError), models._gguf_parsed_once():
+        raise RuntimeError("a failed conversion")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)
