@@ -10,6 +10,17 @@ a quarter of a lone conversation's decoding step in int8. :func:`decode_attentio
 heads whether or not there is a mask, for one-token queries on the CPU; anything else (longer
 queries, other devices, dropout, biases) goes to transformers' own SDPA path unchanged.
 
+Where the step is large (rows x positions of 1,024 or more) the stacked heads go through two
+matrix products and a softmax in float32 instead of the fused kernel, as transformers' eager
+attention computes it: the fused kernel splits its work into blocks too small to keep both cores
+busy, and the products read each key and value once (16 rows over 1,394 positions, bfloat16: 1.1
+ms a layer against 2.2 ms; ``benchmarks/local_dtypes.py``: ``attention_step``). Below that size
+the fused kernel is quicker (one row over 300 positions: 49 us against 87 us).
+
+The running batch (:class:`~nemo_gym_env.policies.decoding.RunningBatch`) keeps its rows in
+groups of similar length, each group padded only to its own longest row, and hands this function
+a :class:`GroupedStates` for a step's keys and values: one attention call per group.
+
 :func:`use_decode_attention` switches a model to it (``attn_implementation`` ``"nge_decode"``,
 registered with transformers' ``AttentionInterface``; the masks are SDPA's);
 :class:`~nemo_gym_env.policies.batching.BatchGenerator` does for every CPU model it decodes.
@@ -27,9 +38,59 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-__all__ = ["NAME", "decode_attention", "use_decode_attention"]
+__all__ = ["NAME", "GroupedStates", "decode_attention", "group_mask", "use_decode_attention"]
 
 NAME = "nge_decode"
+
+_PRODUCTS_FROM = 1024
+"""Rows x positions from which a step's attention is two matrix products rather than the fused kernel."""
+
+
+class GroupedStates:
+    """One layer's keys and values for a decoding step whose rows are held in groups (each padded to its own width).
+
+    ``parts``: per group, in the order of the step's rows, ``(first_row, end_row, keys, values, mask)``: ``keys``
+    and ``values`` (rows, kv_heads, positions, dim) with the ``mask`` :func:`group_mask` gave for them.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor | None]]):
+        self.parts = parts
+
+
+def group_mask(mask: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple[bool, torch.Tensor | None]:
+    """How a group's step attends, from its (rows, width) 0/1 mask and its buffers' ``capacity`` (width and room).
+
+    Returns ``(whole, mask)``. A large step (rows x capacity of 1,024 or more) reads the whole buffers (``whole``
+    True: a view of their first ``width`` positions would make the matrix product copy them) with an additive
+    mask (``dtype``, -inf on padding and on the room not written yet, which must hold finite values). A small
+    one reads the first ``width`` positions with a boolean mask, or None where every position counts.
+    """
+    rows, width = mask.shape
+    if rows * capacity >= _PRODUCTS_FROM:
+        full = torch.full((rows, 1, 1, capacity), float("-inf"), dtype=dtype, device=mask.device)
+        full[:, 0, 0, :width].masked_fill_(mask.bool(), 0.0)
+        return True, full
+    if bool(mask.all()):
+        return False, None
+    return False, mask[:, None, None, :].bool()
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+            scaling: float | None) -> torch.Tensor:
+    """One-token queries (rows, heads, 1, dim) against (rows, kv_heads, positions, dim): (rows, heads, 1, dim).
+    An additive ``mask`` takes the matrix products, a boolean one or None the fused kernel (see the module docstring)."""
+    rows, heads, _, dim = query.shape
+    # The query heads that share a key/value head become that head's queries: (rows, kv_heads, groups, dim).
+    stacked = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)
+    if mask is None or mask.dtype == torch.bool:
+        out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
+    else:
+        scores = torch.matmul(stacked, key.transpose(-1, -2)).mul_(dim ** -0.5 if scaling is None else scaling)
+        scores.add_(mask)
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
+    return out.reshape(rows, heads, 1, dim)
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -38,7 +99,11 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """transformers' attention-function contract: ``query`` (batch, heads, q, dim), ``key``/``value``
     (batch, kv_heads, kv, dim), a boolean or additive mask (batch or 1, 1, q, kv) or None; returns
     (batch, q, heads, dim)."""
-    batch, heads, length, dim = query.shape
+    if isinstance(key, GroupedStates):
+        parts = [_attend(query[first:end], keys, values, mask, scaling) for first, end, keys, values, mask in key.parts]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.transpose(1, 2).contiguous(), None
+    heads, length = query.shape[1], query.shape[2]
     kv_heads = key.shape[1]
     if (query.device.type != "cpu" or length != 1 or dropout or heads % kv_heads or heads == kv_heads
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
@@ -46,9 +111,9 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     # The query heads that share a key/value head become that head's queries: (batch, kv_heads, groups, dim).
-    stacked = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    stacked = query.reshape(query.shape[0], kv_heads, heads // kv_heads, query.shape[3])
     out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(query.shape).transpose(1, 2).contiguous(), None
 
 
 def use_decode_attention(model: Any) -> bool:

@@ -34,12 +34,16 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from nemo_gym_env.policies.attention import NAME as ATTENTION_NAME
+from nemo_gym_env.policies.attention import GroupedStates, group_mask
 from nemo_gym_env.policies.kv_cache import States, cache_keyword
 from nemo_gym_env.policies.sampling import choose
 
 __all__ = ["GrowingLayer", "Row", "RunningBatch"]
 
 _ROOM = 64
+_NEW_GROUP = 128
+"""Padding positions (a row's, or a group's rows' together) that make a joining row start a group of its own."""
 
 
 class GrowingLayer(DynamicLayer):
@@ -75,6 +79,16 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold, written or not."""
+        return self._keys.shape[2]
+
+    @property
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers (their positions past ``length`` are zeros)."""
+        return self._keys, self._values
+
 
 def _with_room(tensor: torch.Tensor, needed: int) -> torch.Tensor:
     """``tensor`` (batch, heads, length, dim) copied into a buffer of ``needed`` positions plus 64 more (rows
@@ -82,6 +96,7 @@ def _with_room(tensor: torch.Tensor, needed: int) -> torch.Tensor:
     for nothing, a quarter of the batch's states at 256)."""
     out = tensor.new_empty((tensor.shape[0], tensor.shape[1], needed + _ROOM, tensor.shape[3]))
     out[:, :, : tensor.shape[2]] = tensor
+    out[:, :, tensor.shape[2]:] = 0  # attention may read the room (masked): it must hold numbers
     return out
 
 
@@ -110,26 +125,147 @@ class Row:
         return len(self.prompt) - 1 + len(self.tokens)
 
 
+class _Group:
+    """Rows of similar length decoded together: one :class:`GrowingLayer` per model layer, right-aligned, and
+    their (rows, width) mask (1 where a position is the row's, 0 for its left padding)."""
+
+    def __init__(self, device: torch.device):
+        self.rows: list[Row] = []
+        self.layers: list[GrowingLayer] = []
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    def join(self, arrivals: Sequence[tuple[Row, States]]) -> None:
+        """Take ``arrivals`` (each row with the states of all its positions but the newest), rebuilding the buffers at
+        the new width."""
+        lengths = [states[0][0].shape[2] for _, states in arrivals]
+        width = max(self.width, *lengths)
+        # Layer by layer, each old layer dropped as its successor is built: the group's states
+        # are never held twice (at 16 rows of 1,000 tokens they are hundreds of MB).
+        layers: list[Any] = list(self.layers) or [None] * len(arrivals[0][1])
+        self.layers = []  # only ``layers`` holds them now
+        for index in range(len(layers)):
+            old, layers[index] = layers[index], None
+            keys = [] if old is None else [_left_pad(old.keys, width)]
+            values = [] if old is None else [_left_pad(old.values, width)]
+            del old
+            for _, states in arrivals:
+                keys.append(_left_pad(states[index][0], width))
+                values.append(_left_pad(states[index][1], width))
+            layers[index] = GrowingLayer(torch.cat(keys), torch.cat(values))
+        self.layers = layers
+        masks = [_left_pad_mask(self.mask, width)]
+        for (row, _), length in zip(arrivals, lengths):
+            mask = torch.zeros((1, width), dtype=torch.long, device=self.mask.device)
+            mask[0, width - length:] = 1
+            masks.append(mask)
+            self.rows.append(row)
+        self.mask = torch.cat(masks)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep the rows at ``keep`` (and the columns they use)."""
+        self.rows = [self.rows[n] for n in keep]
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        used = torch.nonzero(mask.any(dim=0))
+        first = int(used[0]) if len(used) else mask.shape[1]
+        self.mask = mask[:, first:]
+        layers, self.layers = self.layers, []
+        for n, layer in enumerate(layers):  # each old layer dropped as its successor is built (see join)
+            layers[n] = GrowingLayer(layer.keys.index_select(0, index)[:, :, first:],
+                                     layer.values.index_select(0, index)[:, :, first:])
+            del layer
+        self.layers = layers
+
+    def states(self, index: int) -> States:
+        count = int(self.mask[index].sum())
+        return [(layer.keys[index: index + 1, :, self.width - count:].clone(),
+                 layer.values[index: index + 1, :, self.width - count:].clone()) for layer in self.layers]
+
+
+class _StepLayer(DynamicLayer):
+    """One model layer of a grouped step (see :class:`RunningBatch`): ``update`` writes each group's new key/value
+    states into that group's buffers and returns them all as a :class:`GroupedStates` for the attention."""
+
+    def __init__(self, groups: list[_Group], index: int, masks: list[torch.Tensor],
+                 shared: dict[tuple[int, int], tuple[bool, torch.Tensor | None]], dtype: torch.dtype):
+        super().__init__()
+        self.is_initialized = True
+        self._groups, self._index, self._masks, self._shared, self._dtype = groups, index, masks, shared, dtype
+        self._length = max(group.width for group in groups)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[GroupedStates, GroupedStates]:
+        parts, first = [], 0
+        for number, (group, mask) in enumerate(zip(self._groups, self._masks)):
+            end = first + len(group.rows)
+            layer = group.layers[self._index]
+            keys, values = layer.update(key_states[first:end], value_states[first:end])
+            capacity = layer.capacity
+            if (number, capacity) not in self._shared:  # every layer of a group has the same buffers' size
+                self._shared[number, capacity] = group_mask(mask, capacity, self._dtype)
+            whole, attend_mask = self._shared[number, capacity]
+            if whole:
+                keys, values = layer.buffers
+            parts.append((first, end, keys, values, attend_mask))
+            first = end
+        self._length += key_states.shape[2]
+        states = GroupedStates(parts)
+        return states, states
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+
 class RunningBatch:
     """Rows decoded together, joining and leaving between steps (see the module docstring).
+
+    Rows are kept in up to ``max_groups`` groups of similar length, each padded to its own longest row;
+    a step is one forward pass over every row, with one attention call per group
+    (:class:`~nemo_gym_env.policies.attention.GroupedStates`). A model without that attention (another
+    device, another attention implementation) keeps one group, padded to the longest row.
 
     Args:
         model: A causal LM with a plain dynamic cache (:func:`~nemo_gym_env.policies.kv_cache.supports_prefill`).
         end_ids: Tokens that end a row (kept as its last token).
+        max_groups: Groups of rows at most.
     """
 
-    def __init__(self, model: Any, end_ids: set[int] | frozenset[int]):
+    def __init__(self, model: Any, end_ids: set[int] | frozenset[int], *, max_groups: int = 4):
+        if max_groups < 1:
+            raise ValueError(f"max_groups must be >= 1, got {max_groups}")
         self.model = model
         self.end_ids = frozenset(end_ids)
+        self.max_groups = max_groups
         self.keyword = cache_keyword(model)
-        self.rows: list[Row] = []
-        self._layers: list[GrowingLayer] = []
-        self._mask = torch.zeros((0, 0), dtype=torch.long, device=model.device)
+        self._groups: list[_Group] = []
+
+    @property
+    def rows(self) -> list[Row]:
+        """Every row, in the order of the step's inputs (group by group)."""
+        return [row for group in self._groups for row in group.rows]
 
     @property
     def width(self) -> int:
-        """Positions in the cache (the longest row's, padding included)."""
-        return self._mask.shape[1]
+        """Positions in the widest group's buffers (its longest row's, padding included)."""
+        return max((group.width for group in self._groups), default=0)
+
+    @property
+    def groups(self) -> list[tuple[int, int]]:
+        """Each group's rows and width."""
+        return [(len(group.rows), group.width) for group in self._groups]
+
+    @property
+    def positions(self) -> tuple[int, int]:
+        """(positions the rows hold, positions the buffers hold including padding)."""
+        return (sum(int(group.mask.sum()) for group in self._groups),
+                sum(len(group.rows) * group.width for group in self._groups))
+
+    def _grouped(self) -> bool:
+        return getattr(getattr(self.model, "config", None), "_attn_implementation", None) == ATTENTION_NAME
 
     def add(self, arrivals: Sequence[tuple[Row, States]]) -> None:
         """Join rows, each with the states of its prompt but the last token (one ``(keys, values)`` per layer)."""
@@ -139,42 +275,53 @@ class RunningBatch:
                 raise ValueError(f"states of {count} positions for a prompt of {len(row.prompt)} tokens")
         if not arrivals:
             return
-        width = max(self.width, *(len(row.prompt) - 1 for row, _ in arrivals))
-        joining = [states or self._empty_states() for _, states in arrivals]  # a one-token prompt: nothing prefilled
-        # Layer by layer, each old layer dropped as its successor is built: the batch's states
-        # are never held twice (at 16 rows of 1,000 tokens they are hundreds of MB).
-        layers: list[Any] = list(self._layers) or [None] * len(joining[0])
-        self._layers = []  # only ``layers`` holds them now
-        for index in range(len(layers)):
-            old, layers[index] = layers[index], None
-            keys = [] if old is None else [_left_pad(old.keys, width)]
-            values = [] if old is None else [_left_pad(old.values, width)]
-            del old
-            for states in joining:
-                keys.append(_left_pad(states[index][0], width))
-                values.append(_left_pad(states[index][1], width))
-            layers[index] = GrowingLayer(torch.cat(keys), torch.cat(values))
-        self._layers = layers
-        masks = [_left_pad_mask(self._mask, width)]
-        for row, _ in arrivals:
-            mask = torch.zeros((1, width), dtype=torch.long, device=self._mask.device)
-            mask[0, width - (len(row.prompt) - 1):] = 1
-            masks.append(mask)
-            self.rows.append(row)
-        self._mask = torch.cat(masks)
+        limit = self.max_groups if self._grouped() else 1
+        # Where each arrival goes, longest first: the group it pads least, or a group of its own when every
+        # group would pad it, or be padded, by more than _NEW_GROUP positions and there is room for one.
+        planned = {id(group): (len(group.rows), group.width) for group in self._groups}
+        joining: dict[int, list[tuple[Row, States]]] = {}
+        for row, states in sorted(arrivals, key=lambda arrival: -len(arrival[0].prompt)):
+            length = len(row.prompt) - 1
+            best, best_pad = None, None
+            for group in self._groups:
+                count, width = planned[id(group)]
+                pad = (count + 1) * max(width, length) - count * width - length
+                if best_pad is None or pad < best_pad:
+                    best, best_pad = group, pad
+            if best is None or (best_pad > _NEW_GROUP and len(self._groups) < limit):
+                best = _Group(self.model.device)
+                self._groups.append(best)
+                planned[id(best)] = (0, 0)
+            count, width = planned[id(best)]
+            planned[id(best)] = (count + 1, max(width, length))
+            joining.setdefault(id(best), []).append((row, states or self._empty_states()))
+        for group in self._groups:
+            if id(group) in joining:
+                group.join(joining[id(group)])
 
     def step(self) -> None:
         """One forward pass over every row's newest token; each row gets its next token and its log-probability."""
-        device = self._mask.device
-        ids = torch.tensor([[row.next_input] for row in self.rows], dtype=torch.long, device=device)
-        positions = torch.tensor([[row.position] for row in self.rows], dtype=torch.long, device=device)
-        mask = torch.cat([self._mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=device)], dim=1)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **{self.keyword: Cache(layers=self._layers)})
-        self._mask = mask
-        tokens, log_probs = choose(out.logits[:, -1, :], [r.temperature for r in self.rows],
-                                   [r.top_p for r in self.rows], [r.generator for r in self.rows])
-        for row, token, log_prob in zip(self.rows, tokens, log_probs):
+        if len(self._groups) > 1 and not self._grouped():
+            self._merge()  # the model was switched to an attention without groups
+        rows = self.rows
+        device = self._groups[0].mask.device
+        ids = torch.tensor([[row.next_input] for row in rows], dtype=torch.long, device=device)
+        positions = torch.tensor([[row.position] for row in rows], dtype=torch.long, device=device)
+        masks = [torch.cat([group.mask, torch.ones((len(group.rows), 1), dtype=torch.long, device=device)], dim=1)
+                 for group in self._groups]
+        if self._grouped():
+            dtype, shared = next(self.model.parameters()).dtype, {}
+            layers = [_StepLayer(self._groups, index, masks, shared, dtype) for index in range(len(self._groups[0].layers))]
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=True,
+                             **{self.keyword: Cache(layers=layers)})
+        else:
+            out = self.model(input_ids=ids, attention_mask=masks[0], position_ids=positions, use_cache=True,
+                             **{self.keyword: Cache(layers=self._groups[0].layers)})
+        for group, mask in zip(self._groups, masks):
+            group.mask = mask
+        tokens, log_probs = choose(out.logits[:, -1, :], [r.temperature for r in rows],
+                                   [r.top_p for r in rows], [r.generator for r in rows])
+        for row, token, log_prob in zip(rows, tokens, log_probs):
             row.tokens.append(token)
             row.log_probs.append(log_prob)
 
@@ -197,36 +344,33 @@ class RunningBatch:
 
     def states(self, row: Row) -> States:
         """A copy of ``row``'s states: its prompt and generated tokens but the last one."""
-        index = self.rows.index(row)
-        count = int(self._mask[index].sum())
-        return [(layer.keys[index: index + 1, :, self.width - count:].clone(),
-                 layer.values[index: index + 1, :, self.width - count:].clone()) for layer in self._layers]
+        for group in self._groups:
+            for index, member in enumerate(group.rows):
+                if member is row:
+                    return group.states(index)
+        raise ValueError("the row is not in this batch")
 
     def remove(self, rows: Sequence[Row]) -> None:
-        """Drop ``rows`` (and the columns no remaining row uses)."""
+        """Drop ``rows`` (and the columns no remaining row of their group uses)."""
         gone = {id(r) for r in rows}
-        keep = [n for n, row in enumerate(self.rows) if id(row) not in gone]
-        self.rows = [self.rows[n] for n in keep]
-        if not self.rows:
-            self.clear()
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
-        mask = self._mask.index_select(0, index)
-        used = torch.nonzero(mask.any(dim=0))
-        first = int(used[0]) if len(used) else mask.shape[1]
-        self._mask = mask[:, first:]
-        layers, self._layers = self._layers, []
-        for n, layer in enumerate(layers):  # each old layer dropped as its successor is built (see add)
-            layers[n] = GrowingLayer(layer.keys.index_select(0, index)[:, :, first:],
-                                     layer.values.index_select(0, index)[:, :, first:])
-            del layer
-        self._layers = layers
+        for group in list(self._groups):
+            keep = [n for n, row in enumerate(group.rows) if id(row) not in gone]
+            if not keep:
+                self._groups.remove(group)
+            elif len(keep) < len(group.rows):
+                group.keep(keep)
 
     def clear(self) -> None:
         """Drop every row."""
-        self.rows = []
-        self._layers = []
-        self._mask = torch.zeros((0, 0), dtype=torch.long, device=self._mask.device)
+        self._groups = []
+
+    def _merge(self) -> None:
+        """One group of every row (each group's rows join the first, one at a time)."""
+        first, *others = self._groups
+        for group in others:
+            arrivals = [(row, group.states(index)) for index, row in enumerate(group.rows)]
+            self._groups.remove(group)
+            first.join(arrivals)
 
     def _empty_states(self) -> States:
         config = self.model.config.get_text_config(decoder=True)

@@ -11,12 +11,21 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
-from nemo_gym_env.policies.attention import NAME, decode_attention, use_decode_attention  # noqa: E402
+from transformers.models.llama.modeling_llama import eager_attention_forward  # noqa: E402
+
+from nemo_gym_env.policies.attention import (  # noqa: E402
+    NAME,
+    GroupedStates,
+    decode_attention,
+    group_mask,
+    use_decode_attention,
+)
 
 
 class Module:
     num_key_value_groups = 3
     is_causal = True
+    training = False
 
 
 def _inputs(batch: int, length: int, cached: int, dtype: torch.dtype = torch.bfloat16):
@@ -50,6 +59,35 @@ def test_one_token_matches_float32_attention_as_closely_as_sdpa(masked):
     assert ours_error <= max(2 * sdpa_error, 1e-2), (ours_error, sdpa_error)
     if masked != "none":  # the same kernel on the same packed shapes: the same numbers
         assert torch.equal(ours, theirs)
+
+
+def test_groups_of_rows_match_float32_attention_as_closely_as_transformers_eager_attention():
+    """A step in two groups: 3 short rows (the fused kernel on views of their buffers) and 5 long ones (the whole
+    buffers, room included, through the matrix products); each row's output is as close to float32 attention
+    as transformers' eager attention in bfloat16, which computes the same products."""
+    query, key, value = _inputs(8, 1, 300)
+    rows = torch.ones(8, 300, dtype=torch.long)
+    rows[:3, :260] = 0  # the short rows: 40 positions, left-padded
+    rows[3, :100] = 0
+    room = 40
+    full_key = torch.cat([key, key.new_zeros(8, 3, room, 64)], dim=2)
+    full_value = torch.cat([value, value.new_zeros(8, 3, room, 64)], dim=2)
+    short_whole, short_mask = group_mask(rows[:3, 260:], 40 + room, torch.bfloat16)
+    long_whole, long_mask = group_mask(rows[3:], 300 + room, torch.bfloat16)
+    assert not short_whole and short_mask is None  # 3 x 80 positions: the fused kernel, no padding in the group
+    assert long_whole and long_mask.dtype == torch.bfloat16 and long_mask.shape == (5, 1, 1, 340)
+    parts = [(0, 3, key[:3, :, 260:], value[:3, :, 260:], short_mask),
+             (3, 8, full_key[3:], full_value[3:], long_mask)]
+    ours, weights = decode_attention(Module(), query, GroupedStates(parts), None, None)
+    padding = rows.bool()[:, None, None, :]
+    additive = torch.zeros(8, 1, 1, 300).masked_fill(~padding, float("-inf")).to(torch.bfloat16)
+    eager, _ = eager_attention_forward(Module(), query, key, value, additive, scaling=64 ** -0.5)
+    want = _reference(query, key, value, padding)
+    assert weights is None and ours.shape == eager.shape == (8, 1, 9, 64) and ours.dtype == torch.bfloat16
+    for row in range(8):
+        ours_error = (ours[row].float() - want[row]).abs().max().item()
+        eager_error = (eager[row].float() - want[row]).abs().max().item()
+        assert ours_error <= 1.5 * eager_error + 1e-3, (row, ours_error, eager_error)
 
 
 def test_longer_queries_and_dropout_are_sdpas_own():

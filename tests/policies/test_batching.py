@@ -20,7 +20,10 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from nemo_gym_env.errors import PolicyError  # noqa: E402
+from nemo_gym_env.policies.attention import use_decode_attention  # noqa: E402
 from nemo_gym_env.policies.batching import BatchGenerator, GenerationRequest, available_cpus  # noqa: E402
+from nemo_gym_env.policies.decoding import Row, RunningBatch  # noqa: E402
+from nemo_gym_env.policies.kv_cache import cache_keyword, prefill  # noqa: E402
 
 END = 2
 
@@ -332,3 +335,70 @@ def test_threads_default_to_the_available_cpus_unless_set(model, monkeypatch):
     assert BatchGenerator(model, end_ids={END}, pad_id=0, num_threads=1).num_threads == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an explicit setting (Ray sets it per worker) stands
     assert BatchGenerator(model, end_ids={END}, pad_id=0).num_threads == torch.get_num_threads()
+
+
+# ---- groups of rows of similar length ----------------------------------------------------------------
+
+
+def _rows_of(model: Any, prompts: list[list[int]], budget: int) -> list[tuple[Row, Any]]:
+    keyword = cache_keyword(model)
+    return [(Row(key=n, prompt=prompt, temperature=0.0, top_p=1.0, budget=budget, generator=torch.Generator()),
+             prefill(model, prompt[:-1], None, keyword)) for n, prompt in enumerate(prompts)]
+
+
+def _decode(batch: RunningBatch, on_step: Any = lambda step: None) -> dict[Any, list[int]]:
+    done: dict[Any, list[int]] = {}
+    step = 0
+    while batch.rows:
+        batch.step()
+        step += 1
+        on_step(step)
+        for row in batch.pop_finished():
+            done[row.key] = row.tokens
+    return done
+
+
+def test_rows_of_very_different_lengths_decode_in_groups_with_the_tokens_they_give_alone():
+    """Short and long prompts go to groups of their own (each padded to its own longest row), and the large
+    groups' attention takes the matrix products: every row still gets the tokens it gets alone."""
+    model = tiny_llama()
+    use_decode_attention(model)
+    prompts = [_request(n, length=length).prompt for n, length in enumerate([6, 9, 350, 360, 355, 150, 160, 8])]
+    with torch.inference_mode():
+        alone = {n: _decode(_batch_of(model, [(row, states)]))[n]
+                 for n, (row, states) in enumerate(_rows_of(model, prompts, budget=6))}
+        batch = _batch_of(model, _rows_of(model, prompts, budget=6))
+        groups = batch.groups
+        real, padded = batch.positions
+        together = _decode(batch)
+    assert together == alone
+    assert len(groups) == 3 and sorted(rows for rows, _ in groups) == [2, 3, 3]
+    assert padded < 1.1 * real  # one group would pad every row to 359 positions: 2x
+    assert any(rows * width >= 1024 for rows, width in groups)  # the matrix products' path was taken
+
+
+def test_a_model_switched_off_the_grouped_attention_mid_batch_goes_on_in_one_group():
+    model = tiny_llama()
+    use_decode_attention(model)
+    prompts = [_request(n, length=length).prompt for n, length in enumerate([7, 280, 300])]
+    with torch.inference_mode():
+        alone = {n: _decode(_batch_of(model, [(row, states)]))[n]
+                 for n, (row, states) in enumerate(_rows_of(model, prompts, budget=8))}
+        batch = _batch_of(model, _rows_of(model, prompts, budget=8))
+        assert len(batch.groups) == 2
+        seen: list[int] = []
+
+        def switch(step: int) -> None:
+            if step == 3:
+                model.set_attn_implementation("sdpa")
+            seen.append(len(batch.groups))
+
+        together = _decode(batch, switch)
+    assert together == alone
+    assert seen[:3] == [2, 2, 2] and seen[3] == 1  # merged at the first step after the switch
+
+
+def _batch_of(model: Any, arrivals: list[tuple[Row, Any]]) -> RunningBatch:
+    batch = RunningBatch(model, {END})
+    batch.add(arrivals)
+    return batch
