@@ -4,7 +4,8 @@ Question: where do the main job's wall time, CPU and memory go, and which part i
 
 The command runs as a user runs it (the embedded local model, the example tasks of every
 bundled server that judges its episodes) in a fresh folder. Every ``--interval`` seconds the
-watcher reads ``/proc`` for the whole process tree: each process's resident memory (RSS, and PSS, which counts a shared page once) and
+watcher reads ``/proc`` for the whole process tree: each process's resident memory (RSS, and PSS, which counts a shared page once;
+a process's peak is the kernel's high-water mark, ``VmHWM``, which no sample misses) and
 CPU time, and for the command's own process the CPU time of each thread: its main thread runs
 the event loop (episodes, HTTP, JSON: ours), every other thread is the model (the decoding
 worker and torch's threads). The rows of ``results/rollouts.jsonl`` are counted as they appear:
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -95,18 +97,22 @@ def _name(pid: int) -> str:
     return re.sub(r"\S*/(\.venv/bin/)", r"\1", text)[:80]  # a venv's python without the machine's path
 
 
-def _memory_kib(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) in KiB."""
-    rss = pss = 0
+def _memory_kib(pid: int) -> tuple[int, int, int]:
+    """(RSS, PSS, the kernel's high-water mark of RSS since the process started) in KiB. The high-water
+    mark (``VmHWM``) is the true peak; a sample of RSS every ``--interval`` misses peaks between samples."""
+    rss = pss = hwm = 0
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Rss:"):
                 rss = int(line.split()[1])
             elif line.startswith("Pss:"):
                 pss = int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
     except OSError:
         pass
-    return rss, pss
+    return rss, pss, hwm
 
 
 class Watcher:
@@ -138,11 +144,11 @@ class Watcher:
                 except OSError:
                     continue
                 name = self.names.setdefault(p, _name(p))
-                rss, pss = _memory_kib(p)
+                rss, pss, hwm = _memory_kib(p)
                 total_rss += rss
                 total_pss += pss
                 self.cpu[p] = cpu
-                self.peak_rss[p] = max(self.peak_rss.get(p, 0), rss)
+                self.peak_rss[p] = max(self.peak_rss.get(p, 0), rss, hwm)
                 self.peak_pss[p] = max(self.peak_pss.get(p, 0), pss)
                 per[f"{name}#{p}"] = {"rss_mib": rss / 1024, "cpu_s": cpu}
             main = other = 0.0
@@ -254,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
         "peak_tree_rss_mib": max((s["tree_rss_mib"] for s in watcher.samples), default=0.0),
         "peak_tree_pss_mib": max((s["tree_pss_mib"] for s in watcher.samples), default=0.0),
         "peak_cli_rss_mib": by_name.get("cli", {}).get("peak_rss_mib"),
+        # The kernel's own figure once the command is reaped: the largest peak of any process it waited for.
+        "peak_rss_largest_process_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "processes": by_name,
         "samples": watcher.samples[::max(1, round(5 / args.interval))],  # every 5 s: the file stays small
         "stdout": stdout[-6000:],

@@ -220,6 +220,7 @@ class BatchGenerator:
         self._running = RunningBatch(model, self.end_ids) if self._keyword else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._resized = False  # rows joined or left the running batch since the heap was last trimmed
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -384,6 +385,7 @@ class BatchGenerator:
                       budget=request.max_new_tokens, generator=row_generator(_seed(request)))
             arrivals.append((row, states))
         self._running.add(arrivals)
+        self._resized = self._resized or bool(arrivals)
         # The batch holds these prompts' states now and the cache gets them back, extended, when their
         # turns end: kept on past this admission they would be a second copy of the running batch.
         for key in prompts_kept:
@@ -409,6 +411,7 @@ class BatchGenerator:
         states = {id(row): running.states(row) for row in finished
                   if self.prefix_cache.max_bytes and not row.key.abandoned}
         for row in running.pop_finished(halted=lambda row: row.key.abandoned or self._closed):
+            self._resized = True
             job = row.key
             if row.halted:
                 job.future.set_exception(PolicyError(f"{self.name}: stopped before this turn was finished "
@@ -505,9 +508,10 @@ def _serve(owner_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
             with torch.inference_mode():  # no autograd graph: prefill's activations would stay alive
                 owner._work(batch)
             del batch
-            if time.monotonic() - trimmed > _TRIM_S:
+            if owner._resized or time.monotonic() - trimmed > _TRIM_S:
                 trim()
                 trimmed = time.monotonic()
+                owner._resized = False
     finally:
         if owner is not None:
             owner._stop_all()
