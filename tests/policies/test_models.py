@@ -39,7 +39,7 @@ def test_a_gguf_placed_by_hand_is_not_downloaded_again(monkeypatch, tmp_path):
     placed.write_bytes(b"not really a model")
     calls: list[Path] = []
     monkeypatch.setattr(models, "_download_gguf", lambda target: calls.append(target))
-    monkeypatch.setattr(models, "_convert", lambda gguf, target: (target.mkdir(), (target / "config.json").write_text("{}")))
+    monkeypatch.setattr(models, "_convert_apart", lambda gguf, target: (target.mkdir(), (target / "config.json").write_text("{}")))
     assert default_model_dir() == placed.parent / "transformers"
     assert calls == []
 
@@ -73,3 +73,16 @@ def test_the_conversion_parses_the_gguf_file_once_and_restores_gguf_after():
     with pytest.raises(RuntimeError), models._gguf_parsed_once():
         raise RuntimeError("a failed conversion")
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)
+
+
+@pytest.mark.slow
+def test_a_file_that_is_not_a_model_fails_its_conversion_clearly_and_leaves_nothing(monkeypatch, tmp_path):
+    """The conversion runs in a child process; its failure is the caller's ModelProvisionError."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("NEMO_GYM_ENV_CACHE", str(tmp_path))
+    placed = default_gguf_path()
+    placed.parent.mkdir(parents=True)
+    placed.write_bytes(b"GGUF but not really a model")
+    with pytest.raises(ModelProvisionError, match=r"converting SmolLM2-135M-Instruct\.Q4_1\.gguf failed \(exit \d+\): .+"):
+        default_model_dir()
+    assert sorted(p.name for p in placed.parent.iterdir()) == [".lock", placed.name]  # nothing half-written
