@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.print_table(["dtype", "one prompt tokens/s", "16 prompts tokens/s"],
                         [[r["dtype"], r["one_prompt_tokens_per_s"], r["sixteen_prompts_tokens_per_s"]] for r in ours],
                         title=f"the engine (LocalPolicy), {args.tokens} tokens a prompt")
-    path = harness.write_results(args.name, {"machine": machine, "argv": sys.argv[1:], "tokens": args.tokens,
+    path = harness.write_results(args.name, {"machine": machine, "tokens": args.tokens,
                                              "openmp_env_at_start": openmp,
                                              "linear_layer": layer, "attention_step": attention, "plain_generate": plain,
                                              "engine": ours},

@@ -491,17 +491,6 @@ def _measured(engine: Any, engines: dict[str, Any], warm: bool = False) -> dict[
             "loadavg_1m_before": load}
 
 
-def _public_argv(argv: list[str]) -> list[str]:
-    """The command line without the vLLM virtualenv's path (a path of the machine it ran on)."""
-    shown = list(argv)
-    for n, arg in enumerate(shown):
-        if arg == "--vllm-python" and n + 1 < len(shown):
-            shown[n + 1] = "VLLM_PYTHON"
-        elif arg.startswith("--vllm-python="):
-            shown[n] = "--vllm-python=VLLM_PYTHON"
-    return shown
-
-
 def _versions(args: argparse.Namespace) -> dict[str, str]:
     """The engines' package versions (vLLM's from its own virtualenv)."""
     import subprocess
@@ -592,7 +581,7 @@ def engines_main(args: argparse.Namespace) -> int:
     )
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "vllm_python", "ours_worker", "urls")}
     path = harness.write_results(args.name, {"settings": settings, "loadavg_at_command_start": load_at_start,
-                                             "versions": versions, "argv": _public_argv(sys.argv[1:]),
+                                             "versions": versions,
                                              "tasks": [[s, i] for s, i, _ in tasks], "summary": summary,
                                              "runs": runs}, args.out)
     print(f"\nwrote {path}")
