@@ -233,7 +233,11 @@ def write_results(name: str, results: dict[str, Any], out_dir: Path | None = Non
 
 
 def _no_path(arg: str) -> str:
-    """An argument as the results file keeps it: a path of this machine outside the checkout is not kept."""
+    """An argument as the results file keeps it: a path of this machine outside the checkout is not kept
+    (``--option=/a/path`` included)."""
+    option, equals, value = arg.partition("=")
+    if equals and arg.startswith("--") and os.path.isabs(value):
+        return f"{option}={_no_path(value)}"
     if not os.path.isabs(arg):
         return arg
     try:

@@ -100,6 +100,9 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     (batch, kv_heads, kv, dim), a boolean or additive mask (batch or 1, 1, q, kv) or None; returns
     (batch, q, heads, dim)."""
     if isinstance(key, GroupedStates):
+        if dropout or any(kwargs.get(name) is not None for name in ("sliding_window", "softcap", "s_aux", "position_bias")):
+            raise ValueError("grouped decoding steps take plain attention only (no dropout, sliding window, soft cap, "
+                             "sinks or position bias); this model's running batch must keep one group")
         parts = [_attend(query[first:end], keys, values, mask, scaling) for first, end, keys, values, mask in key.parts]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.transpose(1, 2).contiguous(), None

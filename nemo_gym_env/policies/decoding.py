@@ -49,6 +49,9 @@ __all__ = ["GrowingLayer", "Row", "RunningBatch"]
 
 _ROOM = 64
 _NEW_GROUP = 128
+_GROUPED_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+"""Model types whose attention passes the cache's keys and values straight to the attention function, with no
+sliding window or soft cap: their running batch may hold several groups. Others keep one."""
 """Padding positions (a row's, or a group's rows' together) that make a joining row start a group of its own."""
 
 
@@ -270,8 +273,13 @@ class RunningBatch:
         return (sum(int(group.mask.sum()) for group in self._groups),
                 sum(len(group.rows) * group.width for group in self._groups))
 
-    def _grouped(self) -> bool:
-        return getattr(getattr(self.model, "config", None), "_attn_implementation", None) == ATTENTION_NAME
+    @staticmethod
+    def _grouped(model: Any) -> bool:
+        """Whether ``model``'s steps take groups: it runs the package's CPU attention, and its attention layers
+        hand the cache's states to the attention function unchanged (the model types of ``_GROUPED_TYPES``)."""
+        config = getattr(model, "config", None)
+        return (getattr(config, "_attn_implementation", None) == ATTENTION_NAME
+                and getattr(config, "model_type", None) in _GROUPED_TYPES)
 
     def add(self, arrivals: Sequence[tuple[Row, States]]) -> None:
         """Join rows, each with the states of its prompt but the last token (one ``(keys, values)`` per layer)."""
@@ -281,33 +289,38 @@ class RunningBatch:
                 raise ValueError(f"states of {count} positions for a prompt of {len(row.prompt)} tokens")
         if not arrivals:
             return
-        limit = self.max_groups if self._grouped() else 1
+        limit = self.max_groups if self._grouped(self.model) else 1
         # Where each arrival goes, longest first: the group it pads least, or a group of its own when every
         # group would pad it, or be padded, by more than _NEW_GROUP positions and there is room for one.
-        planned = {id(group): (len(group.rows), group.width) for group in self._groups}
+        groups = list(self._groups)  # with the new ones, which join the batch once they hold their rows
+        planned = {id(group): (len(group.rows), group.width) for group in groups}
         joining: dict[int, list[tuple[Row, States]]] = {}
         for row, states in sorted(arrivals, key=lambda arrival: -len(arrival[0].prompt)):
             length = len(row.prompt) - 1
             best, best_pad = None, None
-            for group in self._groups:
+            for group in groups:
                 count, width = planned[id(group)]
                 pad = (count + 1) * max(width, length) - count * width - length
                 if best_pad is None or pad < best_pad:
                     best, best_pad = group, pad
-            if best is None or (best_pad > _NEW_GROUP and len(self._groups) < limit):
+            if best is None or (best_pad > _NEW_GROUP and len(groups) < limit):
                 best = _Group(self.model.device)
-                self._groups.append(best)
+                groups.append(best)
                 planned[id(best)] = (0, 0)
             count, width = planned[id(best)]
             planned[id(best)] = (count + 1, max(width, length))
             joining.setdefault(id(best), []).append((row, states or self._empty_states()))
-        for group in self._groups:
+        for group in groups:
             if id(group) in joining:
                 group.join(joining[id(group)])
+                if group not in self._groups:
+                    self._groups.append(group)
 
     def step(self) -> None:
         """One forward pass over every row's newest token; each row gets its next token and its log-probability."""
-        if len(self._groups) > 1 and not self._grouped():
+        model = self.model  # once: another thread may replace the model meanwhile
+        grouped = self._grouped(model)
+        if len(self._groups) > 1 and not grouped:
             self._merge()  # the model was switched to an attention without groups
         rows = self.rows
         device = self._groups[0].mask.device
@@ -315,14 +328,13 @@ class RunningBatch:
         positions = torch.tensor([[row.position] for row in rows], dtype=torch.long, device=device)
         masks = [torch.cat([group.mask, torch.ones((len(group.rows), 1), dtype=torch.long, device=device)], dim=1)
                  for group in self._groups]
-        if self._grouped():
-            dtype, shared = next(self.model.parameters()).dtype, {}
+        if grouped:
+            dtype, shared = self._groups[0].layers[0].keys.dtype, {}
             layers = [_StepLayer(self._groups, index, masks, shared, dtype) for index in range(len(self._groups[0].layers))]
-            out = self.model(input_ids=ids, position_ids=positions, use_cache=True,
-                             **{self.keyword: Cache(layers=layers)})
+            out = model(input_ids=ids, position_ids=positions, use_cache=True, **{self.keyword: Cache(layers=layers)})
         else:
-            out = self.model(input_ids=ids, attention_mask=masks[0], position_ids=positions, use_cache=True,
-                             **{self.keyword: Cache(layers=self._groups[0].layers)})
+            out = model(input_ids=ids, attention_mask=masks[0], position_ids=positions, use_cache=True,
+                        **{self.keyword: Cache(layers=self._groups[0].layers)})
         for group, mask in zip(self._groups, masks):
             group.mask = mask
         tokens, log_probs = choose(out.logits[:, -1, :], [r.temperature for r in rows],

@@ -73,18 +73,19 @@ def default_gguf_path() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder`` across processes (a no-op where ``fcntl`` is missing)."""
+def _locked(folder: Path) -> Iterator[tuple[int, ...]]:
+    """An exclusive lock on ``folder`` across processes (a no-op where ``fcntl`` is missing); yields the lock's
+    file descriptor (none without ``fcntl``), which a child process given it holds the lock through too."""
     folder.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
-        yield
+        yield ()
         return
     with open(folder / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield (handle.fileno(),)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -193,19 +194,34 @@ def _convert(gguf: Path, target: Path) -> None:
         raise
 
 
-def _convert_apart(gguf: Path, target: Path) -> None:
+def _convert_apart(gguf: Path, target: Path, lock: tuple[int, ...] = ()) -> None:
     """:func:`_convert` in a process of its own: the conversion's memory (the float32 model, a serialized
     copy of its weights, the GGUF reader's arrays: 1.15 GB at its peak) leaves with that process instead of
     staying in the caller's heap, which goes on to load the model and decode (the README's main job
-    peaked at 1,496 MiB from an empty cache with the conversion in-process, 1,412 MiB once converted)."""
+    peaked at 1,496 MiB from an empty cache with the conversion in-process, 1,434 MiB with it apart).
+    The child is given ``lock`` (the cache folder's lock) and so holds it while it lives, even past its
+    parent. A child killed midway (a timeout, out of memory) cannot remove its partial folder: the
+    ones it leaves are removed here and before every conversion."""
+    _remove_partial(target)
     command = [sys.executable, "-m", "nemo_gym_env.policies.models", str(gguf), str(target)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=1800, check=False,
+                              pass_fds=lock)
     except (OSError, subprocess.TimeoutExpired) as exc:
+        _remove_partial(target)
         raise ModelProvisionError(f"converting {gguf.name} could not run ({exc})") from None
     if done.returncode != 0:
+        _remove_partial(target)
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise ModelProvisionError(f"converting {gguf.name} failed (exit {done.returncode}): {' | '.join(lines[-3:])}")
+        how = (f"killed by signal {-done.returncode} (out of memory?)" if done.returncode < 0
+               else f"exit {done.returncode}")
+        raise ModelProvisionError(f"converting {gguf.name} failed ({how}): {' | '.join(lines[-3:]) or 'no message'}")
+
+
+def _remove_partial(target: Path) -> None:
+    """Remove the partial folders conversions into ``target`` left (their names start with ``.convert-``)."""
+    for partial in target.parent.glob(".convert-*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def default_model_dir() -> Path:
@@ -222,14 +238,14 @@ def default_model_dir() -> Path:
     target = folder / "transformers"
     if (target / "config.json").is_file():
         return target
-    with _locked(folder):
+    with _locked(folder) as lock:
         if (target / "config.json").is_file():  # another process finished meanwhile
             return target
         started = time.monotonic()
         gguf = folder / _GGUF_NAME
         if not gguf.is_file():
             _download_gguf(gguf)
-        _convert_apart(gguf, target)
+        _convert_apart(gguf, target, lock)
         log.info("default model ready in %s (%.1f s)", target, time.monotonic() - started)
     return target
 

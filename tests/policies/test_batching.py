@@ -340,10 +340,12 @@ def test_threads_default_to_the_available_cpus_unless_set(model, monkeypatch):
 # ---- groups of rows of similar length ----------------------------------------------------------------
 
 
-def _rows_of(model: Any, prompts: list[list[int]], budget: int) -> list[tuple[Row, Any]]:
+def _rows_of(model: Any, prompts: list[list[int]], budget: int | list[int], first: int = 0) -> list[tuple[Row, Any]]:
     keyword = cache_keyword(model)
-    return [(Row(key=n, prompt=prompt, temperature=0.0, top_p=1.0, budget=budget, generator=torch.Generator()),
-             prefill(model, prompt[:-1], None, keyword)) for n, prompt in enumerate(prompts)]
+    budgets = budget if isinstance(budget, list) else [budget] * len(prompts)
+    return [(Row(key=first + n, prompt=prompt, temperature=0.0, top_p=1.0, budget=budgets[n],
+                 generator=torch.Generator()), prefill(model, prompt[:-1], None, keyword))
+            for n, prompt in enumerate(prompts)]
 
 
 def _decode(batch: RunningBatch, on_step: Any = lambda step: None) -> dict[Any, list[int]]:
@@ -360,21 +362,33 @@ def _decode(batch: RunningBatch, on_step: Any = lambda step: None) -> dict[Any, 
 
 def test_rows_of_very_different_lengths_decode_in_groups_with_the_tokens_they_give_alone():
     """Short and long prompts go to groups of their own (each padded to its own longest row), and the large
-    groups' attention takes the matrix products: every row still gets the tokens it gets alone."""
+    groups' attention takes the matrix products: every row still gets the tokens it gets alone, while rows
+    leave early, later rows join groups mid-decode and the buffers grow past their room."""
     model = tiny_llama()
     use_decode_attention(model)
     prompts = [_request(n, length=length).prompt for n, length in enumerate([6, 9, 350, 360, 355, 150, 160, 8])]
+    budgets = [4, 80, 80, 4, 80, 80, 4, 80]
+    later = [_request(n, length=length).prompt for n, length in enumerate([358, 152, 7], start=20)]
     with torch.inference_mode():
         alone = {n: _decode(_batch_of(model, [(row, states)]))[n]
-                 for n, (row, states) in enumerate(_rows_of(model, prompts, budget=6))}
-        batch = _batch_of(model, _rows_of(model, prompts, budget=6))
+                 for n, (row, states) in enumerate(_rows_of(model, prompts + later, budgets + [70, 70, 70]))}
+        batch = _batch_of(model, _rows_of(model, prompts, budgets))
         groups = batch.groups
         real, padded = batch.positions
-        together = _decode(batch)
+        seen: list[list[tuple[int, int]]] = []
+
+        def join_later(step: int) -> None:
+            if step == 6:
+                batch.add(_rows_of(model, later, 70, first=len(prompts)))
+            seen.append(batch.groups)
+
+        together = _decode(batch, join_later)
     assert together == alone
     assert len(groups) == 3 and sorted(rows for rows, _ in groups) == [2, 3, 3]
     assert padded < 1.1 * real  # one group would pad every row to 359 positions: 2x
     assert any(rows * width >= 1024 for rows, width in groups)  # the matrix products' path was taken
+    assert len(seen[5]) == 3 and sum(rows for rows, _ in seen[5]) == sum(rows for rows, _ in seen[4]) + 3
+    assert max(width for step in seen for _, width in step) > 359 + 64  # a group grew past its first room
 
 
 def test_a_model_switched_off_the_grouped_attention_mid_batch_goes_on_in_one_group():

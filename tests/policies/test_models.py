@@ -39,7 +39,7 @@ def test_a_gguf_placed_by_hand_is_not_downloaded_again(monkeypatch, tmp_path):
     placed.write_bytes(b"not really a model")
     calls: list[Path] = []
     monkeypatch.setattr(models, "_download_gguf", lambda target: calls.append(target))
-    monkeypatch.setattr(models, "_convert_apart", lambda gguf, target: (target.mkdir(), (target / "config.json").write_text("{}")))
+    monkeypatch.setattr(models, "_convert_apart", lambda gguf, target, lock=(): (target.mkdir(), (target / "config.json").write_text("{}")))
     assert default_model_dir() == placed.parent / "transformers"
     assert calls == []
 
@@ -83,6 +83,8 @@ def test_a_file_that_is_not_a_model_fails_its_conversion_clearly_and_leaves_noth
     placed = default_gguf_path()
     placed.parent.mkdir(parents=True)
     placed.write_bytes(b"GGUF but not really a model")
+    (placed.parent / ".convert-killed").mkdir()  # what a conversion killed midway leaves
+    (placed.parent / ".convert-killed" / "model.safetensors").write_bytes(b"half")
     with pytest.raises(ModelProvisionError, match=r"converting SmolLM2-135M-Instruct\.Q4_1\.gguf failed \(exit \d+\): .+"):
         default_model_dir()
     assert sorted(p.name for p in placed.parent.iterdir()) == [".lock", placed.name]  # nothing half-written
