@@ -19,7 +19,8 @@ buffers grow by 64 positions at a time and are written in place (:class:`Growing
 transformers' default cache concatenates the whole cache on every step, which at 16 rows of
 1,000 tokens is most of a step's memory traffic. A model without the package's CPU attention
 (:func:`~nemo_gym_env.policies.attention.use_decode_attention`: another device, another
-implementation) keeps one group and transformers' own masks.
+implementation), or of a type other than Llama, Qwen2 and Qwen3, keeps one group and
+transformers' own masks.
 
 Example (``model`` a causal LM; ``states`` from ``prefill``)::
 
@@ -235,7 +236,8 @@ class RunningBatch:
     Rows are kept in up to ``max_groups`` groups of similar length, each padded to its own longest row;
     a step is one forward pass over every row, with one attention call per group
     (:class:`~nemo_gym_env.policies.attention.GroupedStates`). A model without that attention (another
-    device, another attention implementation) keeps one group, padded to the longest row.
+    device, another attention implementation) or of another type (``_GROUPED_TYPES``) keeps one group, padded
+    to the longest row.
 
     Args:
         model: A causal LM with a plain dynamic cache (:func:`~nemo_gym_env.policies.kv_cache.supports_prefill`).
