@@ -78,18 +78,19 @@ def group_mask(mask: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple[b
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-            scaling: float | None) -> torch.Tensor:
-    """One-token queries (rows, heads, 1, dim) against (rows, kv_heads, positions, dim): (rows, heads, 1, dim).
-    An additive ``mask`` takes the matrix products, a boolean one or None the fused kernel (see the module docstring)."""
+            scaling: float | None, *, products: bool) -> torch.Tensor:
+    """One-token queries (rows, heads, 1, dim) against (rows, kv_heads, positions, dim): (rows, heads, 1, dim),
+    through the matrix products (``mask`` additive or None) or the fused kernel (see the module docstring)."""
     rows, heads, _, dim = query.shape
     # The query heads that share a key/value head become that head's queries: (rows, kv_heads, groups, dim).
     stacked = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)
-    if mask is None or mask.dtype == torch.bool:
-        out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
-    else:
+    if products:
         scores = torch.matmul(stacked, key.transpose(-1, -2)).mul_(dim ** -0.5 if scaling is None else scaling)
-        scores.add_(mask)
+        if mask is not None:
+            scores.add_(mask)
         out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(rows, heads, 1, dim)
 
 
@@ -103,7 +104,8 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         if dropout or any(kwargs.get(name) is not None for name in ("sliding_window", "softcap", "s_aux", "position_bias")):
             raise ValueError("grouped decoding steps take plain attention only (no dropout, sliding window, soft cap, "
                              "sinks or position bias); this model's running batch must keep one group")
-        parts = [_attend(query[first:end], keys, values, mask, scaling) for first, end, keys, values, mask in key.parts]
+        parts = [_attend(query[first:end], keys, values, mask, scaling, products=mask is not None and mask.dtype != torch.bool)
+                 for first, end, keys, values, mask in key.parts]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.transpose(1, 2).contiguous(), None
     heads, length = query.shape[1], query.shape[2]
@@ -113,10 +115,7 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
             or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    # The query heads that share a key/value head become that head's queries: (batch, kv_heads, groups, dim).
-    stacked = query.reshape(query.shape[0], kv_heads, heads // kv_heads, query.shape[3])
-    out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(query.shape).transpose(1, 2).contiguous(), None
+    return _attend(query, key, value, attention_mask, scaling, products=False).transpose(1, 2).contiguous(), None
 
 
 def use_decode_attention(model: Any) -> bool:

@@ -260,11 +260,6 @@ class RunningBatch:
         return [row for group in self._groups for row in group.rows]
 
     @property
-    def width(self) -> int:
-        """Positions in the widest group's buffers (its longest row's, padding included)."""
-        return max((group.width for group in self._groups), default=0)
-
-    @property
     def groups(self) -> list[tuple[int, int]]:
         """Each group's rows and width."""
         return [(len(group.rows), group.width) for group in self._groups]
