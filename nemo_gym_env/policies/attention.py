@@ -59,31 +59,44 @@ class GroupedStates:
         self.parts = parts
 
 
-def group_mask(mask: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple[bool, torch.Tensor | None]:
+def group_mask(mask: torch.Tensor, capacity: int, dtype: torch.dtype, queries: int = 1) -> tuple[bool, torch.Tensor | None]:
     """How a group's step attends, from its (rows, width) 0/1 mask and its buffers' ``capacity`` (width and room).
+
+    ``queries``: positions fed per row this step, the last ``queries`` columns of ``mask``; each sees the columns
+    before it and itself (a row's newest token and its drafts, :mod:`~nemo_gym_env.policies.drafts`).
 
     Returns ``(whole, mask)``. A large step (rows x capacity of 1,024 or more) reads the whole buffers (``whole``
     True: a view of their first ``width`` positions would make the matrix product copy them) with an additive
     mask (``dtype``, -inf on padding and on the room not written yet, which must hold finite values). A small
     one reads the first ``width`` positions with a boolean mask, or None where every position counts.
+    Masks are (rows, 1, queries, positions).
     """
     rows, width = mask.shape
+    allowed = mask.bool()[:, None, None, :]
+    if queries > 1:
+        column = torch.arange(width, device=mask.device)
+        allowed = allowed & (column[None, :] <= (width - queries + torch.arange(queries, device=mask.device))[:, None])
     if rows * capacity >= _PRODUCTS_FROM:
-        full = torch.full((rows, 1, 1, capacity), float("-inf"), dtype=dtype, device=mask.device)
-        full[:, 0, 0, :width].masked_fill_(mask.bool(), 0.0)
+        full = torch.full((rows, 1, queries, capacity), float("-inf"), dtype=dtype, device=mask.device)
+        full[..., :width].masked_fill_(allowed, 0.0)
         return True, full
-    if bool(mask.all()):
+    if queries == 1 and bool(mask.all()):
         return False, None
-    return False, mask[:, None, None, :].bool()
+    return False, allowed.expand(rows, 1, queries, width)
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
             scaling: float | None, *, products: bool) -> torch.Tensor:
-    """One-token queries (rows, heads, 1, dim) against (rows, kv_heads, positions, dim): (rows, heads, 1, dim),
-    through the matrix products (``mask`` additive or None) or the fused kernel (see the module docstring)."""
-    rows, heads, _, dim = query.shape
-    # The query heads that share a key/value head become that head's queries: (rows, kv_heads, groups, dim).
-    stacked = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)
+    """Queries (rows, heads, q, dim) against (rows, kv_heads, positions, dim): (rows, heads, q, dim), through the
+    matrix products (``mask`` additive or None) or the fused kernel (see the module docstring); ``mask`` is
+    (rows, 1, q, positions) or None."""
+    rows, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    # The query heads that share a key/value head become that head's queries: (rows, kv_heads, groups x q, dim).
+    stacked = query.reshape(rows, kv_heads, heads // kv_heads * length, dim)
+    if length > 1 and mask is not None:  # each stacked head's q queries take the mask's q rows
+        mask = mask[:, :, None].expand(rows, 1, heads // kv_heads, length, mask.shape[-1]).reshape(
+            rows, 1, heads // kv_heads * length, mask.shape[-1])
     if products:
         scores = torch.matmul(stacked, key.transpose(-1, -2)).mul_(dim ** -0.5 if scaling is None else scaling)
         if mask is not None:
@@ -91,7 +104,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: t
         out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
     else:
         out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(rows, heads, 1, dim)
+    return out.reshape(rows, heads, length, dim)
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

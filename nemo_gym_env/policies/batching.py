@@ -144,6 +144,8 @@ class BatchStats:
     computed_prompt_tokens: int = 0  # prompt positions computed: padding included, cached prefixes not
     cached_prompt_tokens: int = 0  # prompt tokens whose states came from the prefix cache
     generated_tokens: int = 0  # tokens returned to callers
+    drafted_tokens: int = 0  # draft tokens fed with greedy rows' newest tokens
+    accepted_drafts: int = 0  # draft tokens kept: tokens decoded without a step of their own
     prefill_seconds: float = 0.0  # time prefilling prompts
     step_seconds: float = 0.0  # time in decoding steps (fixed batches: in generate)
     batch_sizes: Counter = field(default_factory=Counter)  # steps by the number of rows they decoded
@@ -155,6 +157,7 @@ class BatchStats:
                 "failed_steps": self.failed_steps, "prompt_tokens": self.prompt_tokens,
                 "computed_prompt_tokens": self.computed_prompt_tokens,
                 "cached_prompt_tokens": self.cached_prompt_tokens, "generated_tokens": self.generated_tokens,
+                "drafted_tokens": self.drafted_tokens, "accepted_drafts": self.accepted_drafts,
                 "prefill_seconds": round(self.prefill_seconds, 3), "step_seconds": round(self.step_seconds, 3),
                 "batch_sizes": dict(sorted(self.batch_sizes.items()))}
 
@@ -188,12 +191,14 @@ class BatchGenerator:
             ``OMP_NUM_THREADS`` is set (then torch's own setting stands).
         prefix_cache_mb: Memory for the key/value states of finished turns, reused by prompts
             that extend them; 0 keeps none.
+        draft_tokens: Draft tokens a greedy turn is fed with its newest token in a decoding step, taken from its own
+            context (:mod:`~nemo_gym_env.policies.drafts`); 0 decodes one token a step.
         name: Names the model in errors and logs.
     """
 
     def __init__(self, model: Any, *, end_ids: set[int], pad_id: int, max_batch_size: int = 16, wait_s: float = 0.05,
                  preparing: Callable[[], int] | None = None, num_threads: int | None = None,
-                 prefix_cache_mb: float = 1024, name: str = "local model"):
+                 prefix_cache_mb: float = 1024, draft_tokens: int = 0, name: str = "local model"):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if wait_s < 0:
@@ -202,6 +207,8 @@ class BatchGenerator:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         if not end_ids:
             raise ValueError("end_ids is empty: a row could never end before its budget")
         self.model = model
@@ -217,7 +224,7 @@ class BatchGenerator:
         self.stats = BatchStats()
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20)))
         self._keyword = cache_keyword(model) if supports_prefill(model) else ""
-        self._running = RunningBatch(model, self.end_ids) if self._keyword else None
+        self._running = RunningBatch(model, self.end_ids, drafts=draft_tokens) if self._keyword else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._resized = False  # rows joined or left the running batch since the heap was last trimmed
@@ -407,6 +414,7 @@ class BatchGenerator:
         self.stats.steps += 1
         self.stats.row_steps += rows
         self.stats.batch_sizes[rows] += 1
+        self.stats.drafted_tokens, self.stats.accepted_drafts = running.drafted, running.accepted
         finished = [row for row in running.rows if running.ended(row)]
         states = {id(row): running.states(row) for row in finished
                   if self.prefix_cache.max_bytes and not row.key.abandoned}

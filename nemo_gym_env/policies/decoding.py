@@ -43,6 +43,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from nemo_gym_env.policies.attention import NAME as ATTENTION_NAME
 from nemo_gym_env.policies.attention import GroupedStates, group_mask
+from nemo_gym_env.policies.drafts import Lookup, accepted
 from nemo_gym_env.policies.kv_cache import States, cache_keyword
 from nemo_gym_env.policies.sampling import choose
 
@@ -125,6 +126,8 @@ class Row:
     log_probs: list[float] = field(default_factory=list)
     halted: bool = False
     """Left before its end (its caller went away, or the batch is closing)."""
+    lookup: Lookup | None = None
+    """The n-gram index of its prompt and tokens, built at its first drafted step (greedy rows only)."""
 
     @property
     def next_input(self) -> int:
@@ -191,9 +194,13 @@ class _Group:
         self.layers = layers
 
     def states(self, index: int) -> States:
-        count = int(self.mask[index].sum())
-        return [(layer.keys[index: index + 1, :, self.width - count:].clone(),
-                 layer.values[index: index + 1, :, self.width - count:].clone()) for layer in self.layers]
+        columns = torch.nonzero(self.mask[index]).squeeze(1)
+        count = len(columns)
+        if not count or int(columns[0]) == self.width - count:  # no rejected drafts between its columns
+            return [(layer.keys[index: index + 1, :, self.width - count:].clone(),
+                     layer.values[index: index + 1, :, self.width - count:].clone()) for layer in self.layers]
+        return [(layer.keys[index: index + 1].index_select(2, columns),
+                 layer.values[index: index + 1].index_select(2, columns)) for layer in self.layers]
 
 
 class _StepLayer(DynamicLayer):
@@ -201,10 +208,11 @@ class _StepLayer(DynamicLayer):
     states into that group's buffers and returns them all as a :class:`GroupedStates` for the attention."""
 
     def __init__(self, groups: list[_Group], index: int, masks: list[torch.Tensor],
-                 shared: dict[tuple[int, int], tuple[bool, torch.Tensor | None]], dtype: torch.dtype):
+                 shared: dict[tuple[int, int], tuple[bool, torch.Tensor | None]], dtype: torch.dtype, queries: int):
         super().__init__()
         self.is_initialized = True
         self._groups, self._index, self._masks, self._shared, self._dtype = groups, index, masks, shared, dtype
+        self._queries = queries
         self._length = max(group.width for group in groups)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -216,7 +224,7 @@ class _StepLayer(DynamicLayer):
             keys, values = layer.update(key_states[first:end], value_states[first:end])
             capacity = layer.capacity
             if (number, capacity) not in self._shared:  # every layer of a group has the same buffers' size
-                self._shared[number, capacity] = group_mask(mask, capacity, self._dtype)
+                self._shared[number, capacity] = group_mask(mask, capacity, self._dtype, self._queries)
             whole, attend_mask = self._shared[number, capacity]
             if whole:
                 keys, values = layer.buffers
@@ -243,14 +251,27 @@ class RunningBatch:
         model: A causal LM with a plain dynamic cache (:func:`~nemo_gym_env.policies.kv_cache.supports_prefill`).
         end_ids: Tokens that end a row (kept as its last token).
         max_groups: Groups of rows at most.
+        drafts: Draft tokens a greedy row may be fed with its newest token in a step of a grouped model
+            (:mod:`~nemo_gym_env.policies.drafts`); 0 feeds one token a row.
+        draft_positions: Positions a drafted step feeds at most, over all its rows (a step of more rows drafts
+            fewer tokens a row, none from this many rows up).
     """
 
-    def __init__(self, model: Any, end_ids: set[int] | frozenset[int], *, max_groups: int = 4):
+    def __init__(self, model: Any, end_ids: set[int] | frozenset[int], *, max_groups: int = 4, drafts: int = 0,
+                 draft_positions: int = 16):
         if max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {max_groups}")
+        if drafts < 0 or draft_positions < 1:
+            raise ValueError(f"drafts must be >= 0 and draft_positions >= 1, got {drafts} and {draft_positions}")
         self.model = model
         self.end_ids = frozenset(end_ids)
         self.max_groups = max_groups
+        self.drafts = drafts
+        self.draft_positions = draft_positions
+        self.drafted = 0
+        """Draft tokens fed so far."""
+        self.accepted = 0
+        """Draft tokens kept so far (each a token decoded without a step of its own)."""
         self.keyword = cache_keyword(model)
         self._groups: list[_Group] = []
 
@@ -314,31 +335,84 @@ class RunningBatch:
                     self._groups.append(group)
 
     def step(self) -> None:
-        """One forward pass over every row's newest token; each row gets its next token and its log-probability."""
+        """One forward pass over every row's newest token (and a greedy row's drafts); each row gets its next
+        token, or several where its drafts were the model's own choices, with their log-probabilities."""
         model = self.model  # once: another thread may replace the model meanwhile
         grouped = self._grouped(model)
         if len(self._groups) > 1 and not grouped:
             self._merge()  # the model was switched to an attention without groups
         rows = self.rows
+        drafts = self._draft(rows) if grouped else [[] for _ in rows]
+        queries = 1 + max(map(len, drafts))
         device = self._groups[0].mask.device
-        ids = torch.tensor([[row.next_input] for row in rows], dtype=torch.long, device=device)
-        positions = torch.tensor([[row.position] for row in rows], dtype=torch.long, device=device)
-        masks = [torch.cat([group.mask, torch.ones((len(group.rows), 1), dtype=torch.long, device=device)], dim=1)
+        ids = torch.tensor([[row.next_input, *draft, *[row.next_input] * (queries - 1 - len(draft))]
+                            for row, draft in zip(rows, drafts)], dtype=torch.long, device=device)
+        positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=device)[:, None] + \
+            torch.arange(queries, device=device)
+        masks = [torch.cat([group.mask, torch.ones((len(group.rows), queries), dtype=torch.long, device=device)], dim=1)
                  for group in self._groups]
         if grouped:
             dtype, shared = self._groups[0].layers[0].keys.dtype, {}
-            layers = [_StepLayer(self._groups, index, masks, shared, dtype) for index in range(len(self._groups[0].layers))]
+            layers = [_StepLayer(self._groups, index, masks, shared, dtype, queries)
+                      for index in range(len(self._groups[0].layers))]
             out = model(input_ids=ids, position_ids=positions, use_cache=True, **{self.keyword: Cache(layers=layers)})
         else:
             out = model(input_ids=ids, attention_mask=masks[0], position_ids=positions, use_cache=True,
                         **{self.keyword: Cache(layers=self._groups[0].layers)})
-        for group, mask in zip(self._groups, masks):
-            group.mask = mask
-        tokens, log_probs = choose(out.logits[:, -1, :], [r.temperature for r in rows],
+        logits = out.logits[:, -queries:, :]
+        tokens, log_probs = choose(logits[:, 0], [r.temperature for r in rows],
                                    [r.top_p for r in rows], [r.generator for r in rows])
-        for row, token, log_prob in zip(rows, tokens, log_probs):
-            row.tokens.append(token)
-            row.log_probs.append(log_prob)
+        taken = [[token] for token in tokens]
+        if queries > 1:
+            chosen = logits[:, 1:].argmax(dim=-1).tolist()
+            for n, (row, draft) in enumerate(zip(rows, drafts)):
+                self.drafted += len(draft)
+                kept = accepted(draft, [tokens[n], *chosen[n]])
+                self.accepted += kept
+                taken[n] += chosen[n][:kept]
+            extra = [(n, j) for n, row_taken in enumerate(taken) for j in range(1, len(row_taken))]
+            if extra:
+                index = torch.tensor(extra, device=device)
+                picked = logits[index[:, 0], index[:, 1]].float()
+                extra_log_probs = (picked.gather(1, torch.tensor([[taken[n][j]] for n, j in extra], device=device))
+                                   .squeeze(1) - torch.logsumexp(picked, dim=-1)).tolist()
+            extra_log_probs = iter(extra_log_probs if extra else ())
+        kept_columns = []
+        for row, row_taken, log_prob in zip(rows, taken, log_probs):
+            row_log_probs = [log_prob, *(next(extra_log_probs) for _ in row_taken[1:])] if queries > 1 else [log_prob]
+            count = 0
+            for token, token_log_prob in zip(row_taken, row_log_probs):
+                row.tokens.append(token)
+                row.log_probs.append(token_log_prob)
+                count += 1
+                if self.ended(row):
+                    break
+            if row.lookup is not None:
+                row.lookup.extend(row.tokens[-count:])
+            kept_columns.append(count)
+        first = 0
+        for group, mask in zip(self._groups, masks):
+            if queries > 1:  # the columns of a row's rejected drafts (and of its filler) are masked from now on
+                kept = torch.tensor(kept_columns[first: first + len(group.rows)], device=device)
+                mask[:, -queries:] = (torch.arange(queries, device=device)[None, :] < kept[:, None]).long()
+            first += len(group.rows)
+            group.mask = mask
+
+    def _draft(self, rows: list[Row]) -> list[list[int]]:
+        """Each row's draft tokens for this step (greedy rows only, within ``drafts`` and ``draft_positions``)."""
+        count = min(self.drafts, self.draft_positions // len(rows) - 1)
+        drafts: list[list[int]] = []
+        if count < 1:
+            return [[] for _ in rows]
+        for row in rows:
+            room = min(count, row.budget - len(row.tokens) - 1)
+            if row.temperature > 0 or room < 1:
+                drafts.append([])
+                continue
+            if row.lookup is None:
+                row.lookup = Lookup(row.prompt + row.tokens)
+            drafts.append(row.lookup.drafts(room))
+        return drafts
 
     def ended(self, row: Row) -> bool:
         """Whether ``row`` has produced an end-of-turn token or its whole budget."""

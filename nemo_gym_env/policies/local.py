@@ -191,6 +191,7 @@ class LocalPolicy(Policy):
         batch_wait_s: float = 0.05,
         num_threads: int | None = None,
         prefix_cache_mb: float | None = None,
+        draft_tokens: int = 4,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -235,7 +236,8 @@ class LocalPolicy(Policy):
         self._batcher = BatchGenerator(self.model, end_ids=self._end_ids, pad_id=self._pad_id,
                                        max_batch_size=max_batch_size, wait_s=batch_wait_s,
                                        preparing=lambda: self._preparing,
-                                       num_threads=num_threads, prefix_cache_mb=prefix_cache_mb, name=self.name)
+                                       num_threads=num_threads, prefix_cache_mb=prefix_cache_mb,
+                                       draft_tokens=draft_tokens, name=self.name)
         log.info("loaded %s (%s) on %s in %.1f s", label, dtype, device, self.load_seconds)
 
     def _end_of_turn_ids(self) -> set[int]:

@@ -209,3 +209,22 @@ def test_vector_env_turns_gathered_together_share_one_batch(greedy):
         assert all(terminations | truncations)
     finally:
         envs.close()
+
+
+def test_draft_tokens_leave_every_token_of_a_tool_call_turn_as_it_is(greedy):
+    """The default policy feeds greedy turns draft tokens from their own prompt (a tool's name and argument
+    names are in the tool list): the turns are those of one token a step, in fewer steps."""
+    requests = [PolicyRequest(input=row["responses_create_params"]["input"], history=[],
+                              tools=row["responses_create_params"]["tools"], sampling={"max_output_tokens": 40})
+                for row in TOOL_ROWS[:3]]
+    plain = LocalPolicy(model_path=greedy.model.name_or_path, temperature=0.0, prefix_cache_mb=0, draft_tokens=0)
+    one_a_step = _together(plain, requests)
+    plain.close()
+    before = greedy.stats
+    drafted = _together(greedy, requests)
+    after = greedy.stats
+    assert after["accepted_drafts"] > before["accepted_drafts"]
+    assert after["steps"] - before["steps"] < max(len(t.generation_token_ids) for t in drafted)
+    for a, b in zip(one_a_step, drafted):
+        assert b.generation_token_ids == a.generation_token_ids
+        assert b.generation_log_probs == pytest.approx(a.generation_log_probs, abs=1e-3)
