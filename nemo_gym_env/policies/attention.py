@@ -1,4 +1,4 @@
-"""Attention for decoding steps on the CPU: one query token per row against the key/value cache.
+"""Attention for decoding steps on the CPU: a row's newest token (and its draft tokens) against the key/value cache.
 
 SmolLM2 has 9 query heads on 3 key/value heads. For a step whose rows need a padding mask,
 transformers' SDPA path stacks the 3 query heads of each key/value head into one query block
@@ -19,7 +19,9 @@ the fused kernel is quicker (one row over 300 positions: 49 us against 87 us).
 
 The running batch (:class:`~nemo_gym_env.policies.decoding.RunningBatch`) keeps its rows in
 groups of similar length, each group padded only to its own longest row, and hands this function
-a :class:`GroupedStates` for a step's keys and values: one attention call per group.
+a :class:`GroupedStates` for a step's keys and values: one attention call per group. A step that
+feeds draft tokens (:mod:`~nemo_gym_env.policies.drafts`) has a few queries a row, each masked to
+the positions before it (:func:`group_mask`); they are stacked with the heads the same way.
 
 :func:`use_decode_attention` switches a model to it (``attn_implementation`` ``"nge_decode"``,
 registered with transformers' ``AttentionInterface``; the masks are SDPA's);

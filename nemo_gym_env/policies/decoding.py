@@ -8,6 +8,15 @@ row's next token (:func:`~nemo_gym_env.policies.sampling.choose`); a row that ha
 at once, so its slot serves the next turn instead of idling until the longest row of a fixed
 batch is done.
 
+A greedy row may also be fed draft tokens (:mod:`~nemo_gym_env.policies.drafts`, ``drafts``): the
+step then feeds every row the same number of positions (a row without drafts is padded with its
+newest token), each position seeing the ones before it; a row takes the drafts the model chose
+itself, plus the model's token after the last of them, and the columns of its rejected drafts stay
+masked out (its states, handed back when it ends, leave them out). Drafts shrink as rows grow
+(``draft_positions``, 16: 4 drafts a row for 1-3 rows, 3 for 4, 2 for 5, 1 for 6-16, none past 16): a
+step of a few rows costs the reading of every weight whatever it computes; a larger one costs its
+computation too.
+
 Rows are kept in groups of similar length (up to 4). Within a group rows are right-aligned:
 every row's newest position is the group's last column; a shorter row has zero states on its
 left, masked out, and each row's position ids are its own. One padded block for every row would
@@ -253,8 +262,8 @@ class RunningBatch:
         max_groups: Groups of rows at most.
         drafts: Draft tokens a greedy row may be fed with its newest token in a step of a grouped model
             (:mod:`~nemo_gym_env.policies.drafts`); 0 feeds one token a row.
-        draft_positions: Positions a drafted step feeds at most, over all its rows (a step of more rows drafts
-            fewer tokens a row, none from this many rows up).
+        draft_positions: Positions a drafted step feeds over all its rows before its drafts shrink to one a row
+            (16: 4 drafts for 1-3 rows, 3 for 4, 2 for 5, 1 for 6-16); a step of more rows than this drafts none.
     """
 
     def __init__(self, model: Any, end_ids: set[int] | frozenset[int], *, max_groups: int = 4, drafts: int = 0,
@@ -400,7 +409,7 @@ class RunningBatch:
 
     def _draft(self, rows: list[Row]) -> list[list[int]]:
         """Each row's draft tokens for this step (greedy rows only, within ``drafts`` and ``draft_positions``)."""
-        count = min(self.drafts, self.draft_positions // len(rows) - 1)
+        count = min(self.drafts, max(1, self.draft_positions // len(rows) - 1)) if len(rows) <= self.draft_positions else 0
         drafts: list[list[int]] = []
         if count < 1:
             return [[] for _ in rows]

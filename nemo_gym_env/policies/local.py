@@ -30,8 +30,10 @@ once, and each row keeps its own sampling settings, budget and end-of-turn stop 
 cache cannot be rearranged run fixed batches through ``model.generate``). Each turn gets back exactly its own tokens, so the token invariant holds
 as for a turn generated alone, and the event loop stays free throughout. The key/value states
 of finished turns are kept (``prefix_cache_mb``), so a turn computes only the tokens its
-episode added since its previous turn. A model that raises fails the turns of that batch only
-(``PolicyError`` with the cause).
+episode added since its previous turn. A greedy turn drafts up to ``draft_tokens`` tokens a step
+from its own context and keeps those the model chooses itself (:mod:`~nemo_gym_env.policies.drafts`):
+its tokens are the ones it decodes one at a time, in fewer steps. A model that raises fails the
+turns of that batch only (``PolicyError`` with the cause).
 
 Reproducibility: temperature 0 is greedy; batched, it gives the tokens it gives alone (see
 :mod:`~nemo_gym_env.policies.batching` for the float-rounding caveat). With ``seed`` set, the
@@ -159,6 +161,10 @@ class LocalPolicy(Policy):
             used go first, which are those of finished episodes). In the README's main job 256 MB
             saved a fifth of the prompt tokens' computation (about 3 s of 85) and raised the peak
             memory by about 70 MB, the difference between the peak and the 1.5 GB it is held to.
+        draft_tokens: Tokens a greedy turn may draft a step from its own context, fed with its newest token and
+            kept where the model chooses them itself (:mod:`~nemo_gym_env.policies.drafts`): the same tokens in
+            fewer steps (tool names and arguments repeat the prompt). 0 decodes one token a step. Sampled turns
+            (temperature > 0) decode one token a step either way.
 
     Memory: loading the model sets glibc's allocator to serve blocks of 1 MB or more from
     mappings of their own, unmapped when freed (:func:`~nemo_gym_env.system.memory.release_large_blocks`;

@@ -152,9 +152,9 @@ def test_drafts_shrink_as_rows_grow_and_stop_at_the_positions_limit():
     model = tiny_llama()
     prompts = [_prompt(n, 60) for n in range(8)]
     with torch.inference_mode():
-        for rows, most in ((1, 5), (4, 4), (8, 2), (16, 1)):
+        for rows, most in ((1, 5), (4, 4), (8, 2), (16, 2), (17, 1)):
             batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
-            batch.add(_arrivals(model, (prompts * 2)[:rows], [30] * rows))
+            batch.add(_arrivals(model, (prompts * 3)[:rows], [30] * rows))
             widths = []
             calls = model.forward
             model.forward = lambda *a, **k: widths.append(k["input_ids"].shape[1]) or calls(*a, **k)
