@@ -148,22 +148,41 @@ def test_drafted_rows_get_the_tokens_log_probs_and_states_they_get_one_token_a_s
             assert torch.allclose(keys, ref_keys, atol=1e-4) and torch.allclose(values, ref_values, atol=1e-4)
 
 
-def test_drafts_shrink_as_rows_grow_and_stop_at_the_positions_limit():
-    model = tiny_llama()
+def _widths(model: Any, rows: int, chances: list[float], steps: int = 6) -> list[int]:
+    """Positions a row of each step fed, for ``rows`` rows whose drafts have so far been kept at ``chances``."""
     prompts = [_prompt(n, 60) for n in range(8)]
+    batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
+    batch.add(_arrivals(model, (prompts * 3)[:rows], [30] * rows))
+    widths: list[int] = []
+    calls = model.forward
+    model.forward = lambda *args, **kwargs: widths.append(kwargs["input_ids"].shape[1]) or calls(*args, **kwargs)
+    try:
+        for _ in range(steps):
+            for row, chance in zip(batch.rows, chances * rows):
+                row.drafted, row.kept = 1000, round(1000 * chance)
+            batch.step()
+    finally:
+        del model.forward
+    return widths
+
+
+def test_drafts_shrink_as_rows_grow_and_stop_at_the_positions_limit():
+    """Rows whose drafts are always kept draft all they may: 4 a row alone, 3 at 4 rows, 1 at 8 or 16 rows
+    (16 positions a step, then 2 a row), none past 16 rows."""
+    model = tiny_llama()
     with torch.inference_mode():
         for rows, most in ((1, 5), (4, 4), (8, 2), (16, 2), (17, 1)):
-            batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
-            batch.add(_arrivals(model, (prompts * 3)[:rows], [30] * rows))
-            widths = []
-            calls = model.forward
-            model.forward = lambda *a, **k: widths.append(k["input_ids"].shape[1]) or calls(*a, **k)
-            try:
-                for _ in range(6):
-                    batch.step()
-            finally:
-                del model.forward
-            assert max(widths) == most, rows
+            assert max(_widths(model, rows, [1.0])) == most, rows
+
+
+def test_rows_whose_drafts_fail_stop_drafting_unless_the_step_costs_them_little():
+    model = tiny_llama()
+    with torch.inference_mode():
+        assert set(_widths(model, 8, [0.0])) == {1}
+        assert set(_widths(model, 1, [0.0])) == {1}
+        # One row in 8 whose drafts hold does not pay for the 7 others' extra positions; one in 2 does.
+        assert set(_widths(model, 8, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])) == {1}
+        assert max(_widths(model, 2, [1.0, 0.0])) > 1
 
 
 def test_bad_draft_settings_are_refused():
