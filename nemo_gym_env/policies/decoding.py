@@ -16,7 +16,8 @@ masked out (its states, handed back when it ends, leave them out). Drafts shrink
 (``draft_positions``, 16: 4 drafts a row for 1-3 rows, 3 for 4, 2 for 5, 1 for 6-16, none past 16): a
 step of a few rows costs the reading of every weight whatever it computes; a larger one costs its
 computation too. And a step feeds drafts only where the tokens they are expected to save (each
-row's own record of kept drafts this turn) outweigh what the extra positions cost every row.
+row's own record of kept drafts this turn) outweigh what the extra positions cost every row, as
+the batch has timed its own steps of as many rows with and without drafts.
 
 Rows are kept in groups of similar length (up to 4). Within a group rows are right-aligned:
 every row's newest position is the group's last column; a shorter row has zero states on its

@@ -9,7 +9,8 @@ earlier occurrence as drafts. The running batch
 drafts in one forward pass and keeps the drafts the model would have chosen itself
 (:func:`accepted`): a greedy row's tokens are the ones it decodes one at a time, several per
 step where the drafts hold. A step of a few rows reads every weight once, whether it computes one
-position a row or four (``benchmarks/local_policy.py``), so accepted drafts cost little.
+position a row or four, so kept drafts cost little; the batch feeds drafts only where they are
+expected to pay (``benchmarks/README.md``, "Draft tokens").
 
 Example::
 
