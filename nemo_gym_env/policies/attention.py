@@ -93,18 +93,19 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: t
     matrix products (``mask`` additive or None) or the fused kernel (see the module docstring); ``mask`` is
     (rows, 1, q, positions) or None."""
     rows, heads, length, dim = query.shape
-    kv_heads = key.shape[1]
+    kv_heads, positions = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
     # The query heads that share a key/value head become that head's queries: (rows, kv_heads, groups x q, dim).
-    stacked = query.reshape(rows, kv_heads, heads // kv_heads * length, dim)
-    if length > 1 and mask is not None:  # each stacked head's q queries take the mask's q rows
-        mask = mask[:, :, None].expand(rows, 1, heads // kv_heads, length, mask.shape[-1]).reshape(
-            rows, 1, heads // kv_heads * length, mask.shape[-1])
+    stacked = query.reshape(rows, kv_heads, groups * length, dim)
     if products:
         scores = torch.matmul(stacked, key.transpose(-1, -2)).mul_(dim ** -0.5 if scaling is None else scaling)
-        if mask is not None:
-            scores.add_(mask)
+        if mask is not None:  # each stacked head's q queries take the mask's q rows (broadcast, not copied)
+            scores.view(rows, kv_heads, groups, length, positions).add_(mask[:, :, None])
         out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
     else:
+        if length > 1 and mask is not None:  # the fused kernel takes a mask of the stacked queries' shape
+            mask = mask[:, :, None].expand(rows, 1, groups, length, positions).reshape(rows, 1, groups * length,
+                                                                                       positions)
         out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(rows, heads, length, dim)
 

@@ -90,6 +90,39 @@ def test_groups_of_rows_match_float32_attention_as_closely_as_transformers_eager
         assert ours_error <= 1.5 * eager_error + 1e-3, (row, ours_error, eager_error)
 
 
+def test_a_drafted_step_sees_each_rows_padding_and_only_the_positions_before_each_query():
+    """A step feeding 3 positions a row (a newest token and 2 drafts) in two groups, the fused kernel and the
+    matrix products: each query attends to its row's own positions up to itself, as close to float32 as
+    transformers' eager attention given the same mask."""
+    queries = 3
+    query, key, value = _inputs(8, queries, 300)
+    rows = torch.ones(8, 300, dtype=torch.long)
+    rows[:3, :260] = 0
+    rows[3, :100] = 0
+    rows[5, 290] = 0  # a rejected draft of an earlier step: a hole among the row's positions
+    room = 40
+    full_key = torch.cat([key, key.new_zeros(8, 3, room, 64)], dim=2)
+    full_value = torch.cat([value, value.new_zeros(8, 3, room, 64)], dim=2)
+    short_whole, short_mask = group_mask(rows[:3, 260:], 40 + room, torch.bfloat16, queries)
+    long_whole, long_mask = group_mask(rows[3:], 300 + room, torch.bfloat16, queries)
+    assert not short_whole and short_mask.dtype == torch.bool and short_mask.shape == (3, 1, queries, 40)
+    assert long_whole and long_mask.shape == (5, 1, queries, 340)
+    parts = [(0, 3, key[:3, :, 260:], value[:3, :, 260:], short_mask),
+             (3, 8, full_key[3:], full_value[3:], long_mask)]
+    ours, _ = decode_attention(Module(), query, GroupedStates(parts), None, None)
+    column = torch.arange(300)
+    causal = column[None, :] <= (300 - queries + torch.arange(queries))[:, None]
+    allowed = rows.bool()[:, None, None, :] & causal
+    additive = torch.zeros(8, 1, queries, 300).masked_fill(~allowed, float("-inf")).to(torch.bfloat16)
+    eager, _ = eager_attention_forward(Module(), query, key, value, additive, scaling=64 ** -0.5)
+    want = _reference(query, key, value, allowed)
+    assert ours.shape == eager.shape == (8, queries, 9, 64)
+    for row in range(8):
+        ours_error = (ours[row].float() - want[row]).abs().max().item()
+        eager_error = (eager[row].float() - want[row]).abs().max().item()
+        assert ours_error <= 1.5 * eager_error + 1e-3, (row, ours_error, eager_error)
+
+
 def test_longer_queries_and_dropout_are_sdpas_own():
     query, key, value = _inputs(2, 5, 40)
     causal = torch.ones(5, 40, dtype=torch.bool).tril(35).view(1, 1, 5, 40)
