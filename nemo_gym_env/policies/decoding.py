@@ -398,13 +398,12 @@ class RunningBatch:
                 row.drafted, row.kept = row.drafted + len(draft), row.kept + kept
                 self.drafted, self.accepted = self.drafted + len(draft), self.accepted + kept
                 taken[n] += chosen[n][:kept]
-            # The kept drafts' successors' log-probabilities (greedy rows: the log-softmax of the raw logits).
+            # The log-probabilities of the tokens after kept drafts: chosen greedily, as at a row's first position.
             extra = [(n, j) for n, row_taken in enumerate(taken) for j in range(1, len(row_taken))]
             if extra:
                 index = torch.tensor(extra, device=device)
-                picked = logits[index[:, 0], index[:, 1]].float()
-                ids_picked = torch.tensor([[taken[n][j]] for n, j in extra], device=device)
-                values = (picked.gather(1, ids_picked).squeeze(1) - torch.logsumexp(picked, dim=-1)).tolist()
+                _, values = choose(logits[index[:, 0], index[:, 1]], [0.0] * len(extra), [1.0] * len(extra),
+                                   [rows[n].generator for n, _ in extra])
                 for (n, _), value in zip(extra, values):
                     taken_log_probs[n].append(value)
         kept_columns = []

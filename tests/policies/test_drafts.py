@@ -16,13 +16,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from nemo_gym_env.policies.attention import use_decode_attention  # noqa: E402
 from nemo_gym_env.policies.decoding import Row, RunningBatch  # noqa: E402
 from nemo_gym_env.policies.drafts import Lookup, accepted  # noqa: E402
 from nemo_gym_env.policies.kv_cache import cache_keyword, prefill  # noqa: E402
 from nemo_gym_env.policies.sampling import row_generator  # noqa: E402
+
+from .test_batching import tiny_llama as batching_tiny_llama  # noqa: E402
 
 END = 2
 
@@ -61,10 +62,8 @@ def test_accepted_counts_the_leading_drafts_the_model_chose_itself():
 
 
 def tiny_llama() -> Any:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    model = LlamaForCausalLM(config).eval()
+    """``test_batching``'s tiny random Llama, on the package's grouped attention."""
+    model = batching_tiny_llama()
     use_decode_attention(model)
     return model
 
