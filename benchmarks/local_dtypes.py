@@ -3,17 +3,20 @@
 Question: what does each dtype buy one decoding step, one conversation decoding alone, and a
 full batch, and how far do its log-probabilities move from float32's?
 
-Four measurements, each dtype in turn in one process (the embedded SmolLM2-135M-Instruct on the CPU):
+Five measurements, each dtype in turn in one process (the embedded SmolLM2-135M-Instruct on the CPU):
 
 1. one linear layer the size of the model's MLP projections (576 -> 1,536) on 1, 16 and 600
    tokens: float32, bfloat16, and the int8 kernel ``Int8Linear`` uses (weights in cache, so this
    is the arithmetic, not the memory traffic);
-2. one layer's attention for one decoding step: transformers' SDPA path against
+2. every linear layer of one decoding step of 1 to 32 rows, weights streamed from memory (30
+   layers of distinct weights and the output head): ``nn.functional.linear`` against oneDNN's
+   packed layout (``policies/packed.py``), float32 and bfloat16;
+3. one layer's attention for one decoding step: transformers' SDPA path against
    ``policies/attention.py``'s, one row alone and 8 rows with a padding mask;
-3. plain transformers ``generate``, greedy, one prompt, ``--tokens`` tokens: tokens/s, and the
+4. plain transformers ``generate``, greedy, one prompt, ``--tokens`` tokens: tokens/s, and the
    mean absolute difference of each token's log-probability from float32's on float32's own
    continuation, computed as decoding computes it (the prompt prefilled, then a token a step);
-4. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
+5. the engine (``LocalPolicy``: the running batch, prefix cache off): one prompt alone, then 16
    prompts at once, ``--tokens`` tokens each; each dtype in a fresh process that loads the model
    in a thread, as ``nemo-gym-env rollouts`` does (a process whose main thread also ran torch
    has two OpenMP thread teams on the cores, which changes how they wait), under the
@@ -24,6 +27,7 @@ Usage::
 
     python benchmarks/local_dtypes.py                 # about 3 minutes on 2 cores
     python benchmarks/local_dtypes.py --tokens 32 --dtypes bfloat16 int8
+    python benchmarks/local_dtypes.py --dtypes bfloat16 bfloat16:plain   # the engine with and without packed weights
 
 Writes ``benchmarks/results/local_dtypes.json``.
 """
@@ -52,7 +56,8 @@ PROMPTS = ["Write a short story about a robot learning to paint.", "What is 17 t
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"],
+                        help="float32, bfloat16, int8; DTYPE:plain for the engine without packed weights")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     parser.add_argument("--name", default="local_dtypes")
@@ -88,6 +93,45 @@ def linear_layer(dtypes: list[str]) -> list[dict[str, Any]]:
                     call()
                 rows.append({"tokens": tokens, "dtype": dtype,
                              "microseconds": (time.perf_counter() - started) / repeats * 1e6})
+    return rows
+
+
+def packed_linear(dtypes: list[str]) -> list[dict[str, Any]]:
+    """Every linear layer of SmolLM2-135M for one decoding step of 1 to 32 rows, weights streamed from memory (30
+    layers' worth of distinct random weights and the output head, as a step reads them): ``nn.functional.linear``
+    against oneDNN's packed layout (``policies/packed.py``), and the largest difference between their outputs."""
+    import torch
+
+    from nemo_gym_env.policies.packed import PackedLinear, supports_packed
+
+    shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # q k v o gate up down
+    rows = []
+    for dtype in [d for d in dtypes if d in ("float32", "bfloat16")]:
+        kind = getattr(torch, dtype)
+        if not supports_packed(kind):
+            continue
+        generator = torch.Generator().manual_seed(0)
+        plain = [torch.nn.Linear(columns, out, bias=False).to(kind) for _ in range(30) for out, columns in shapes]
+        plain.append(torch.nn.Linear(576, 49152, bias=False).to(kind))
+        packed = [PackedLinear(layer) for layer in plain]
+        for count in (1, 8, 16, 32):
+            inputs = {size: torch.randn(count, size, generator=generator).to(kind) for size in (576, 1536)}
+            difference = 0.0
+            times = {}
+            with torch.inference_mode():
+                for name, layers in (("nn.functional.linear", plain), ("packed", packed)):
+                    run = lambda layers=layers: [layer(inputs[layer.in_features]) for layer in layers]
+                    run()
+                    started = time.perf_counter()
+                    for _ in range(10):
+                        run()
+                    times[name] = (time.perf_counter() - started) / 10 * 1000
+                for a, b in zip(plain[:7], packed[:7]):
+                    x = inputs[a.in_features]
+                    difference = max(difference, (a(x).float() - b(x).float()).abs().max().item())
+            for name, milliseconds in times.items():
+                rows.append({"dtype": dtype, "rows": count, "layers": name, "milliseconds": milliseconds,
+                             "largest_difference": difference})
     return rows
 
 
@@ -129,16 +173,19 @@ def attention_step(dtypes: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _load(dtype: str) -> Any:
+def _load(dtype: str, tokens: int = 1) -> Any:
+    """``DTYPE`` (weights packed, as LocalPolicy loads them) or ``DTYPE:plain`` (transformers' own linear layers)."""
     from nemo_gym_env.policies.local import LocalPolicy
 
-    return LocalPolicy(dtype=dtype, temperature=0, max_new_tokens=1, prefix_cache_mb=0)
+    kind, _, layers = dtype.partition(":")
+    return LocalPolicy(dtype=kind, temperature=0, max_new_tokens=tokens, prefix_cache_mb=0,
+                       packed_weights=layers != "plain")
 
 
 def plain_generate(dtypes: list[str], tokens: int) -> list[dict[str, Any]]:
     import torch
 
-    reference = _load("float32")
+    reference = _load("float32:plain")
     tokenizer = reference.tokenizer
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                              return_tensors="pt", return_dict=True)["input_ids"] for p in PROMPTS]
@@ -201,8 +248,7 @@ def engine_in_this_process(dtypes: list[str], tokens: int) -> list[dict[str, Any
     rows = []
     for dtype in dtypes:
         loaded: list[LocalPolicy] = []
-        loader = threading.Thread(target=lambda d=dtype, loaded=loaded: loaded.append(
-            LocalPolicy(dtype=d, temperature=0, max_new_tokens=tokens, prefix_cache_mb=0)))
+        loader = threading.Thread(target=lambda d=dtype, loaded=loaded: loaded.append(_load(d, tokens)))
         loader.start()
         loader.join()
         policy = loaded[0]
@@ -237,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     layer = linear_layer(args.dtypes)
     harness.print_table(["tokens", "dtype", "us"], [[r["tokens"], r["dtype"], r["microseconds"]] for r in layer],
                         title="one 576 x 1,536 linear layer")
+    packed = packed_linear(args.dtypes)
+    harness.print_table(["dtype", "rows", "layers", "ms", "largest difference"],
+                        [[r["dtype"], r["rows"], r["layers"], r["milliseconds"], r["largest_difference"]] for r in packed],
+                        title="every linear layer of one decoding step, weights from memory")
     attention = attention_step(args.dtypes)
     harness.print_table(["dtype", "rows", "padding mask", "path", "us"],
                         [[r["dtype"], r["rows"], r["padding_mask"], r["path"], r["microseconds"]] for r in attention],
@@ -251,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                         title=f"the engine (LocalPolicy), {args.tokens} tokens a prompt")
     path = harness.write_results(args.name, {"machine": machine, "tokens": args.tokens,
                                              "openmp_env_at_start": openmp,
-                                             "linear_layer": layer, "attention_step": attention, "plain_generate": plain,
+                                             "linear_layer": layer, "packed_linear": packed, "attention_step": attention, "plain_generate": plain,
                                              "engine": ours},
                                  args.out)
     print(f"wrote {path}")

