@@ -227,7 +227,7 @@ class LocalPolicy(Policy):
         load_dtype = "bfloat16" if dtype == "int8" else dtype
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **kwargs).to(device).eval()
         if dtype == "int8":
-            to_int8(self.model)
+            to_int8(self.model, packed=packed_weights)
         elif packed_weights and device == "cpu":
             to_packed(self.model)
         self.load_seconds = time.perf_counter() - started

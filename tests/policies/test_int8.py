@@ -13,6 +13,7 @@ from nemo_gym_env.client.loop import background_loop
 from nemo_gym_env.policies import PolicyRequest
 from nemo_gym_env.policies.int8 import Int8Linear, supports_int8, to_int8
 from nemo_gym_env.policies.local import LocalPolicy
+from nemo_gym_env.policies.packed import PackedLinear, supports_packed
 
 pytestmark = pytest.mark.skipif(not supports_int8(), reason="this torch lacks torch._weight_int8pack_mm")
 
@@ -38,24 +39,28 @@ def test_a_few_tokens_use_the_int8_copy_and_stay_close_to_bfloat16():
     assert ((layer.qweight.float() * step - plain.weight.float()).abs() <= step / 2 + 1e-6).all()
 
 
-def test_many_tokens_use_the_bfloat16_weight_unchanged():
+@pytest.mark.parametrize("packed", [True, False])
+def test_many_tokens_use_the_bfloat16_weight_unchanged(packed):
     plain = _linear()
-    layer = Int8Linear(plain, small_batch=4)
+    layer = Int8Linear(plain, small_batch=4, packed=packed)
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)  # 15 tokens
-    assert torch.equal(layer(x), torch.nn.functional.linear(x, plain.weight))
-    assert layer.weight is plain.weight  # shared, not copied
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, plain.weight))  # packed: the same numbers
+    if packed and supports_packed(torch.bfloat16):
+        assert type(layer.large) is PackedLinear
+    else:
+        assert layer.large is plain  # its weight shared, not copied
 
 
-def test_to_int8_replaces_only_bias_free_bfloat16_linears_and_keeps_a_tied_head_tied():
+def test_to_int8_replaces_only_bias_free_bfloat16_linears_and_unpacked_keeps_a_tied_head_tied():
     model = torch.nn.Sequential(torch.nn.Embedding(10, 64), _linear(), torch.nn.Linear(96, 8).to(torch.bfloat16),
                                 torch.nn.Linear(8, 4, bias=False))  # float32: left alone
     head = torch.nn.Linear(64, 10, bias=False).to(torch.bfloat16)
     model[0] = model[0].to(torch.bfloat16)
     head.weight = model[0].weight
     model.append(head)
-    assert to_int8(model) == 2
+    assert to_int8(model, packed=False) == 2
     assert [type(m).__name__ for m in model] == ["Embedding", "Int8Linear", "Linear", "Linear", "Int8Linear"]
-    assert model[4].weight is model[0].weight
+    assert model[4].large.weight is model[0].weight
 
 
 def test_a_non_bfloat16_or_biased_layer_is_refused_with_a_reason():
