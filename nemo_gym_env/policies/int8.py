@@ -14,8 +14,7 @@ and the key/value cache are bfloat16.
 What it changes (``benchmarks/local_dtypes.py`` measures it): decoding steps of up to
 :data:`SMALL_BATCH` tokens are faster than in bfloat16 or float32 (one conversation alone most of
 all); larger steps use the bfloat16 weights, as ``dtype="bfloat16"`` does; the int8 copies add
-half the weights' bytes to memory (and a packed output head tied to the embedding a copy of its
-own); the tokens differ from float32's (as bfloat16's do), so greedy
+half the weights' bytes to memory; the tokens differ from float32's (as bfloat16's do), so greedy
 outputs and rewards are those of a slightly different model. Training never uses this copy: a
 trainer keeps its own weights.
 
@@ -29,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nemo_gym_env.policies.packed import PackedLinear, supports_packed
+from nemo_gym_env.policies.packed import PackedLinear, shared_weights, supports_packed
 
 __all__ = ["Int8Linear", "supports_int8", "to_int8"]
 
@@ -93,10 +92,12 @@ def to_int8(model: nn.Module, small_batch: int = SMALL_BATCH, *, packed: bool = 
     """
     if not supports_int8():
         raise RuntimeError(f"dtype='int8' needs torch._weight_int8pack_mm, which torch {torch.__version__} lacks")
+    shared = shared_weights(model)
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.bias is None and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, Int8Linear(child, small_batch, packed=packed))
+                # a head tied to the embedding keeps the shared weight for its larger inputs (see packed.py)
+                setattr(parent, name, Int8Linear(child, small_batch, packed=packed and id(child.weight) not in shared))
                 replaced += 1
     return replaced

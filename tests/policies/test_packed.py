@@ -69,15 +69,17 @@ def test_a_packed_model_with_a_tied_head_gives_the_same_logits(dtype):
     ids = torch.randint(0, 96, (2, 17), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-        assert to_packed(model) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
-        assert type(model.model.embed_tokens) is torch.nn.Embedding  # the embedding keeps its weight
+        assert to_packed(model) == 2 * 7  # q, k, v, o, gate, up, down per layer; the tied head keeps its weight
+        assert model.lm_head.weight is model.model.embed_tokens.weight
         got = model(input_ids=ids).logits
-    assert type(model.lm_head) is PackedLinear
+        assert to_packed(model, tied=True) == 1  # the head too, with a packed copy of its own
+        assert type(model.lm_head) is PackedLinear and type(model.model.embed_tokens) is torch.nn.Embedding
+        assert torch.equal(model(input_ids=ids).logits, got)
     if dtype == torch.bfloat16:
         assert torch.equal(got, expected)
     else:
         assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
-    assert to_packed(model) == 0  # nothing left to pack
+    assert to_packed(model, tied=True) == 0  # nothing left to pack
 
 
 @pytest.mark.slow
@@ -88,7 +90,7 @@ def test_local_policy_packs_its_cpu_model_and_decodes_the_same_turn():
         policy = LocalPolicy(dtype="auto", temperature=0, max_new_tokens=16, prefix_cache_mb=0, packed_weights=packed,
                              draft_tokens=0)  # drafted steps, chosen by timing, round differently
         try:
-            layers[packed] = type(policy.model.lm_head).__name__
+            layers[packed] = type(policy.model.model.layers[0].mlp.up_proj).__name__
             dtypes.add(policy.dtype)
             turns[packed] = background_loop().run(policy.generate(request), timeout=120)
         finally:
