@@ -17,7 +17,8 @@ masked out (its states, handed back when it ends, leave them out). Drafts shrink
 step of a few rows costs the reading of every weight whatever it computes; a larger one costs its
 computation too. And a step feeds drafts only where the tokens they are expected to save (each
 row's own record of kept drafts this turn) outweigh what the extra positions cost every row, as
-the batch has timed its own steps of as many rows with and without drafts.
+the batch has timed its own steps of as many rows with and without drafts (timed again every 32 steps
+where it has stopped drafting, so that a slow spell does not end drafting for the batch's life).
 
 Rows are kept in groups of similar length (up to 4). Within a group rows are right-aligned:
 every row's newest position is the group's last column; a shorter row has zero states on its
@@ -68,7 +69,12 @@ one-token step of as many rows: 0.04 times the rows, at most 0.3. SmolLM2-135M, 
 decodes 1 or 5 positions in 37 ms; 8 rows 1 or 2 positions each in 63 or 80 ms (0.27); 16 rows in 80 or 104 ms
 (0.3). In float32 a second position costs 0.48 of a step at 1 row and 16 alike; in int8, 0.11 at 1 row."""
 _SMOOTHING = 0.3
-"""Weight of a step's newest time in the running average of its kind's (rows, positions a row)."""
+"""Weight of a step's newest time in the running average of its kind's (rows, positions a row); a time over twice the
+average counts as twice it (a step slowed by another thread of the process, or by a shape run for the first time)."""
+_PROBE_EVERY = 32
+"""Steps of as many rows without drafts after which one is fed a draft a row anyway (where it has drafts), its time
+replacing every drafted kind's of as many rows: the time of drafted steps, which decides whether to draft, is measured
+again rather than kept from a slow spell."""
 _NEW_GROUP = 128
 """Padding positions (a row's, or a group's rows' together) that make a joining row start a group of its own."""
 _GROUPED_TYPES = frozenset({"llama", "qwen2", "qwen3"})
@@ -297,6 +303,7 @@ class RunningBatch:
         self.keyword = cache_keyword(model)
         self._groups: list[_Group] = []
         self._seconds: dict[tuple[int, int], float] = {}  # (rows, drafts fed a row): a step's time, averaged
+        self._undrafted: dict[int, int] = {}  # rows: steps of that many rows since the last drafted one
         self._timed_model: Any = None
 
     @property
@@ -426,8 +433,11 @@ class RunningBatch:
             first += len(group.rows)
             group.mask = mask
         seconds, key = time.perf_counter() - started, (len(rows), queries - 1)
+        if queries > 1 and self._undrafted.get(len(rows), 0) >= _PROBE_EVERY:  # a probe: drafted steps timed afresh
+            self._seconds = {kind: value for kind, value in self._seconds.items() if kind[0] != len(rows) or not kind[1]}
         average = self._seconds.get(key)
-        self._seconds[key] = seconds if average is None else average + _SMOOTHING * (seconds - average)
+        self._seconds[key] = seconds if average is None else average + _SMOOTHING * (min(seconds, 2 * average) - average)
+        self._undrafted[len(rows)] = 0 if queries > 1 else self._undrafted.get(len(rows), 0) + 1
 
     def _cost(self, rows: int, fed: int) -> float:
         """What feeding each of ``rows`` rows ``fed`` more positions costs a step, as a fraction of a one-token step
@@ -466,6 +476,8 @@ class RunningBatch:
             rate = (len(rows) + expected) / (len(rows) * (1 + self._cost(len(rows), fed)))
             if rate > best_rate:
                 best, best_rate = fed, rate
+        if not best and self._undrafted.get(len(rows), 0) >= _PROBE_EVERY and any(draft for draft, _ in proposals):
+            best = 1  # measure drafted steps again (_PROBE_EVERY)
         return [draft[:best] for draft, _ in proposals]
 
     def ended(self, row: Row) -> bool:

@@ -216,6 +216,39 @@ def test_drafts_stop_where_the_batch_times_them_costlier_than_they_save():
     assert widths[-6:] == [1] * 6
 
 
+def test_drafted_steps_are_timed_again_so_one_slow_spell_does_not_end_drafting():
+    """Drafted steps slow at first (another thread took the cores, say), then not: the batch stops drafting, tries
+    one drafted step after ``_PROBE_EVERY`` plain ones, finds it cheap, and drafts again."""
+    from nemo_gym_env.policies.decoding import _PROBE_EVERY
+
+    model = tiny_llama()
+    prompts = [_prompt(n, 60) for n in range(2)]
+    calls, widths = model.forward, []
+
+    def slow_at_first(*args: Any, **kwargs: Any) -> Any:
+        widths.append(kwargs["input_ids"].shape[1])
+        if widths[-1] > 1 and len(widths) < 12:
+            time.sleep(0.05)
+        return calls(*args, **kwargs)
+
+    with torch.inference_mode():
+        batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
+        batch.add(_arrivals(model, prompts, [400, 400]))
+        model.forward = slow_at_first
+        try:
+            for _ in range(12 + _PROBE_EVERY + 12):
+                for row in batch.rows:
+                    row.drafted, row.kept = 1000, 700
+                batch.step()
+        finally:
+            del model.forward
+    assert any(width > 1 for width in widths[:8])
+    # slow: drafting stopped for _PROBE_EVERY steps, then the probe
+    spell = next(n for n in range(len(widths)) if widths[n: n + _PROBE_EVERY] == [1] * _PROBE_EVERY)
+    assert spell < 12 and widths[spell + _PROBE_EVERY] > 1
+    assert sum(width > 1 for width in widths[-8:]) >= 4  # found cheap: drafting again
+
+
 def test_bad_draft_settings_are_refused():
     model = tiny_llama()
     with pytest.raises(ValueError, match="drafts must be >= 0"):
