@@ -185,31 +185,38 @@ def test_rows_whose_drafts_fail_stop_drafting_unless_the_step_costs_them_little(
         assert max(_widths(model, 2, [1.0, 0.0])) > 1
 
 
-def test_drafts_stop_where_the_batch_times_them_costlier_than_they_save():
-    """The batch times its own steps: a model whose steps of several positions are slow (as float32's are on
-    this CPU) is fed each number of drafts once, and no more once that and a plain step of as many rows have
-    been timed."""
+def _positions_fed(steps: int, budget: int, slow: Any) -> list[int]:
+    """Positions a row of each of ``steps`` steps fed, for 2 rows whose drafts have been kept 70% of the time, on a
+    model whose forward pass sleeps 50 ms where ``slow(positions, call)`` says so."""
     model = tiny_llama()
     prompts = [_prompt(n, 60) for n in range(2)]
     calls, widths = model.forward, []
 
-    def slow_when_drafted(*args: Any, **kwargs: Any) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
         widths.append(kwargs["input_ids"].shape[1])
-        if widths[-1] > 1:
+        if slow(widths[-1], len(widths)):
             time.sleep(0.05)
         return calls(*args, **kwargs)
 
     with torch.inference_mode():
         batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
-        batch.add(_arrivals(model, prompts, [60, 60]))
-        model.forward = slow_when_drafted
+        batch.add(_arrivals(model, prompts, [budget, budget]))
+        model.forward = timed
         try:
-            for _ in range(16):
+            for _ in range(steps):
                 for row in batch.rows:
                     row.drafted, row.kept = 1000, 700
                 batch.step()
         finally:
             del model.forward
+    return widths
+
+
+def test_drafts_stop_where_the_batch_times_them_costlier_than_they_save():
+    """The batch times its own steps: a model whose steps of several positions are slow (as float32's are on
+    this CPU) is fed each number of drafts once, and no more once that and a plain step of as many rows have
+    been timed."""
+    widths = _positions_fed(16, 60, lambda positions, call: positions > 1)
     drafted = [width for width in widths if width > 1]
     assert widths[0] > 1 and widths[1] == 1  # drafted (estimated cheap), then one plain step to compare with
     assert len(drafted) == len(set(drafted)) <= 4  # each number of drafts tried once, found costly, not again
@@ -221,27 +228,7 @@ def test_drafted_steps_are_timed_again_so_one_slow_spell_does_not_end_drafting()
     one drafted step after ``_PROBE_EVERY`` plain ones, finds it cheap, and drafts again."""
     from nemo_gym_env.policies.decoding import _PROBE_EVERY
 
-    model = tiny_llama()
-    prompts = [_prompt(n, 60) for n in range(2)]
-    calls, widths = model.forward, []
-
-    def slow_at_first(*args: Any, **kwargs: Any) -> Any:
-        widths.append(kwargs["input_ids"].shape[1])
-        if widths[-1] > 1 and len(widths) < 12:
-            time.sleep(0.05)
-        return calls(*args, **kwargs)
-
-    with torch.inference_mode():
-        batch = RunningBatch(model, {END}, drafts=4, draft_positions=16)
-        batch.add(_arrivals(model, prompts, [400, 400]))
-        model.forward = slow_at_first
-        try:
-            for _ in range(12 + _PROBE_EVERY + 12):
-                for row in batch.rows:
-                    row.drafted, row.kept = 1000, 700
-                batch.step()
-        finally:
-            del model.forward
+    widths = _positions_fed(12 + _PROBE_EVERY + 12, 400, lambda positions, call: positions > 1 and call < 12)
     assert any(width > 1 for width in widths[:8])
     # slow: drafting stopped for _PROBE_EVERY steps, then the probe
     spell = next(n for n in range(len(widths)) if widths[n: n + _PROBE_EVERY] == [1] * _PROBE_EVERY)
