@@ -4,7 +4,7 @@ Decoding a token reads every weight of the model once, so on a CPU its time foll
 read: 540 MB in float32 for SmolLM2-135M. :func:`to_int8` turns a bfloat16 model's linear layers
 (attention, MLP and the output head) into :class:`Int8Linear`, which keeps each weight as well
 as an int8 copy of it, with one scale per output row (symmetric, round to nearest). A forward
-pass over a few tokens (a decoding step of up to ``small_batch`` rows) multiplies by the int8
+pass over a few tokens (a decoding step of up to ``small_batch`` tokens) multiplies by the int8
 copy with PyTorch's weight-only kernel (``torch._weight_int8pack_mm``: activations stay
 bfloat16); a longer one (a larger step, a prompt's prefill) multiplies by the bfloat16 weight,
 laid out for oneDNN where it can be (:mod:`~nemo_gym_env.policies.packed`): the int8 kernel's
