@@ -89,10 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if engine not in ("ours", "transformers", "vllm") and not engine.startswith("ours:"):
             parser.error(f"--engines: unknown engine {engine!r} (ours, ours:DTYPE, ours:DTYPE:DRAFTS, transformers, "
                          "vllm)")
-        drafts, *layers = engine.split(":")[2:] or [""]
-        if (drafts and not drafts.isdigit()) or layers not in ([], ["plain"]):
-            parser.error(f"--engines: {engine!r}: DRAFTS is a number of draft tokens (ours:auto:0, ours:int8:4), "
-                         "optionally followed by :plain (transformers' linear layers, not packed: ours:auto:4:plain)")
+        try:
+            if engine.startswith("ours:"):
+                _our_options(engine.partition(":")[2])
+        except ValueError as error:
+            parser.error(f"--engines: {engine!r}: {error}")
     args.tasks_per_server = args.tasks_per_server or (5 if args.engines or args.ours_worker else 2)
     args.rounds = args.rounds or (3 if args.engines else 2)
     if args.quick:
@@ -471,6 +472,23 @@ class _ServedClient:
         self.server.stop()
 
 
+def _our_options(spec: str) -> tuple[str, dict[str, Any]]:
+    """``DTYPE[:DRAFTS[:plain]]`` (what follows ``ours:``): the dtype and LocalPolicy's other options.
+
+    Raises:
+        ValueError: DRAFTS is not a number, or what follows it is not ``plain``.
+    """
+    dtype, *rest = spec.split(":")
+    drafts, layers = (rest[0], rest[1:]) if rest else ("", [])
+    if (drafts and not drafts.isdigit()) or layers not in ([], ["plain"]):
+        raise ValueError("DRAFTS is a number of draft tokens (ours:auto:0, ours:int8:4), optionally followed by "
+                         ":plain (transformers' linear layers, not packed: ours:auto:4:plain)")
+    options: dict[str, Any] = {"draft_tokens": int(drafts)} if drafts else {}
+    if layers:
+        options["packed_weights"] = False
+    return dtype, options
+
+
 def _load_local(spec: str) -> tuple[Any, float]:
     """Our engine (``DTYPE``, ``DTYPE:DRAFTS`` or ``DTYPE:DRAFTS:plain``), loaded in a thread that then ends, as
     ``nemo-gym-env rollouts`` loads it."""
@@ -478,10 +496,7 @@ def _load_local(spec: str) -> tuple[Any, float]:
 
     from nemo_gym_env.policies.local import LocalPolicy
 
-    dtype, drafts, layers = (spec.split(":") + ["", ""])[:3]
-    options: dict[str, Any] = {"draft_tokens": int(drafts)} if drafts else {}
-    if layers == "plain":
-        options["packed_weights"] = False
+    dtype, options = _our_options(spec)
     loaded: list[Any] = []
     started = time.monotonic()
     thread = threading.Thread(target=lambda: loaded.append(LocalPolicy(temperature=0.0, dtype=dtype, **options)))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nemo_gym_env.policies.packed import PackedLinear, shared_weights, supports_packed
+from nemo_gym_env.policies.packed import PackedLinear, packable, shared_weights
 
 __all__ = ["Int8Linear", "supports_int8", "to_int8"]
 
@@ -62,8 +62,7 @@ class Int8Linear(nn.Module):
             raise ValueError("Int8Linear takes a bias-free nn.Linear with bfloat16 weights")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.small_batch = small_batch
-        use_packed = packed and linear.weight.device.type == "cpu" and supports_packed(torch.bfloat16)
-        self.large: nn.Module = PackedLinear(linear) if use_packed else linear
+        self.large: nn.Module = PackedLinear(linear) if packed and packable(linear) else linear
         with torch.no_grad():
             rows = linear.weight.detach().float()
             scales = rows.abs().amax(dim=1).clamp(min=1e-12) / 127

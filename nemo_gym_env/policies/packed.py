@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["PackedLinear", "shared_weights", "supports_packed", "to_packed"]
+__all__ = ["PackedLinear", "packable", "shared_weights", "supports_packed", "to_packed"]
 
 _BATCH_HINT = 8
 """The rows oneDNN is told to lay the weights out for; the products take any number of rows (a step of 1 to 32
@@ -49,6 +49,11 @@ def supports_packed(dtype: torch.dtype) -> bool:
     return dtype == torch.float32
 
 
+def packable(linear: nn.Linear) -> bool:
+    """Whether :class:`PackedLinear` takes ``linear``: bias-free, on the CPU, of a dtype :func:`supports_packed`."""
+    return linear.bias is None and linear.weight.device.type == "cpu" and supports_packed(linear.weight.dtype)
+
+
 class PackedLinear(nn.Module):
     """A bias-free linear layer computed from a oneDNN-packed copy of its weight (see the module docstring).
 
@@ -60,7 +65,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         weight = linear.weight
-        if linear.bias is not None or weight.device.type != "cpu" or not supports_packed(weight.dtype):
+        if not packable(linear):
             raise ValueError("PackedLinear takes a bias-free nn.Linear on the CPU whose dtype oneDNN packs "
                              f"(float32, or bfloat16 where supported); got bias={linear.bias is not None}, "
                              f"{weight.dtype} on {weight.device}")
@@ -99,8 +104,7 @@ def to_packed(model: nn.Module, *, tied: bool = False) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if (type(child) is nn.Linear and child.bias is None and child.weight.device.type == "cpu"
-                    and supports_packed(child.weight.dtype) and (tied or id(child.weight) not in shared)):
+            if type(child) is nn.Linear and packable(child) and (tied or id(child.weight) not in shared):
                 setattr(parent, name, PackedLinear(child))
                 replaced += 1
     return replaced
